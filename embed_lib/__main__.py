@@ -1,0 +1,3 @@
+from embed_lib.cli import main
+
+raise SystemExit(main())

@@ -1,0 +1,183 @@
+"""Adapters: pair scorers over cached frozen vectors, one independent model per seed, batched.
+
+Fifth stage of the data flow (... signals -> **adapters** -> training). Every parameter carries a
+leading seed dimension S, so a seed group trains as one model: inputs are (S, B, d) (each seed its
+own batch order), scores (S, B). Seeds never share parameters or gradients.
+
+Forms (DESIGN.md sections 2, 4, 5), all reproducing the anchor s0 exactly at initialisation
+(zero-initialised last layers) and symmetric in (a, b):
+- anchor s0 = s_p(x_a, x_b) = x_a.x_b / (|x_a|^p |x_b|^p); p = 1 is the cosine, fixed or learned
+  (p = sigmoid(p_hat)), one p for both sides (the four tasks are symmetric);
+- "baseline": s = s0;
+- "pair_ungated": s = s0 + gamma * tanh(MLP_d(phi)), phi = [|h_a - h_b|, h_a * h_b],
+  h = LayerNorm(W x + b);
+- "pair_gated": s = s0 + gamma * g * tanh(MLP_d(phi)), g = sigmoid(MLP_g(phi)) supervised towards a
+  difficulty target; control "constant": g = 1/2;
+- "per_sentence": c = sigmoid(MLP_c(h)), alpha = 1 + alpha0 * tanh(G([h, c])) a vector over the
+  embedding dimensions, v = alpha * x, s = s_p(v_a, v_b); "per_sentence_preserving" mixes
+  w = (1 - gamma) x + gamma v and scores s_p(w_a, w_b). Controls replace c: "h_only" (c input zeroed),
+  "constant" (c = 1/2), "global" (one learned c per seed), "shuffled" (c permuted within the batch).
+"""
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass
+
+import torch
+import torch.nn.functional as F
+from torch import nn
+
+FORMS = ("baseline", "pair_ungated", "pair_gated", "per_sentence", "per_sentence_preserving")
+CONTROLS = {
+    "baseline": ("none",),
+    "pair_ungated": ("none",),
+    "pair_gated": ("none", "constant", "shuffled"),
+    "per_sentence": ("none", "h_only", "constant", "global", "shuffled"),
+    "per_sentence_preserving": ("none", "h_only", "constant", "global", "shuffled"),
+}
+
+
+class SeedLinear(nn.Module):
+    """S independent affine maps (S, B, i) -> (S, B, o), each initialised from its own seed like nn.Linear."""
+
+    def __init__(self, seeds: list[int], d_in: int, d_out: int, zero: bool = False) -> None:
+        super().__init__()
+        bound = 1.0 / math.sqrt(d_in)
+        w, b = [], []
+        for seed in seeds:
+            g = torch.Generator().manual_seed(seed)
+            w.append(torch.empty(d_in, d_out).uniform_(-bound, bound, generator=g))
+            b.append(torch.empty(1, d_out).uniform_(-bound, bound, generator=g))
+        self.weight = nn.Parameter(torch.zeros(len(seeds), d_in, d_out) if zero else torch.stack(w))
+        self.bias = nn.Parameter(torch.zeros(len(seeds), 1, d_out) if zero else torch.stack(b))
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        return torch.baddbmm(self.bias, x, self.weight)
+
+
+class SeedMLP(nn.Module):
+    """Linear -> GELU -> Linear per seed; the last layer zero-initialised (the MLP outputs 0 at init)."""
+
+    def __init__(self, seeds: list[int], d_in: int, hidden: int, d_out: int) -> None:
+        super().__init__()
+        self.inner = SeedLinear([s * 7919 + 1 for s in seeds], d_in, hidden)
+        self.outer = SeedLinear(seeds, hidden, d_out, zero=True)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        return self.outer(F.gelu(self.inner(x)))
+
+
+class SeedLayerNorm(nn.Module):
+    def __init__(self, n_seeds: int, dim: int) -> None:
+        super().__init__()
+        self.weight = nn.Parameter(torch.ones(n_seeds, 1, dim))
+        self.bias = nn.Parameter(torch.zeros(n_seeds, 1, dim))
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        return F.layer_norm(x, x.shape[-1:]) * self.weight + self.bias
+
+
+def sim_p(a: torch.Tensor, b: torch.Tensor, p: torch.Tensor | float) -> torch.Tensor:
+    """a.b / (|a|^p |b|^p) over the last dim; (..., d) -> (...). p = 1: cosine; p = 0: dot product."""
+    na = a.norm(dim=-1).clamp_min(1e-8)
+    nb = b.norm(dim=-1).clamp_min(1e-8)
+    return (a * b).sum(-1) / (na.pow(p) * nb.pow(p))
+
+
+@dataclass
+class AdapterOutput:
+    score: torch.Tensor  # (S, B)
+    s0: torch.Tensor  # (S, B) the anchor
+    gate: torch.Tensor | None = None  # (S, B) pair gate g
+    c_a: torch.Tensor | None = None  # (S, B) per-sentence complexity of a
+    c_b: torch.Tensor | None = None
+    norm_a: torch.Tensor | None = None  # (S, B) pre-normalisation norms for the modulus term
+    norm_b: torch.Tensor | None = None
+
+
+class PairAdapter(nn.Module):
+    """One adapter form for a seed group (see module docstring)."""
+
+    def __init__(self, form: str, dim: int, seeds: list[int], *, control: str = "none", width: int = 128,
+                 hidden: int = 128, gamma: float = 0.1, alpha0: float = 0.5, p: float = 1.0,
+                 learn_p: bool = False) -> None:
+        super().__init__()
+        if form not in FORMS:
+            raise ValueError(f"Unknown adapter form {form!r}. Valid forms: {list(FORMS)}.")
+        if control not in CONTROLS[form]:
+            raise ValueError(f"Control {control!r} does not apply to form {form!r}. Valid: {list(CONTROLS[form])}.")
+        self.form, self.control, self.gamma, self.alpha0 = form, control, gamma, alpha0
+        self.seeds, S = list(seeds), len(seeds)
+        self.learn_p = learn_p
+        if learn_p:
+            p0 = min(max(p, 1e-3), 1 - 1e-3)
+            self.p_hat = nn.Parameter(torch.full((S, 1), math.log(p0 / (1 - p0))))
+        else:
+            self.register_buffer("p_fixed", torch.tensor(float(p)))
+        if form == "baseline":
+            return
+        self.proj = SeedLinear([s * 104729 + 3 for s in seeds], dim, width)
+        self.norm = SeedLayerNorm(S, width)
+        if form.startswith("pair"):
+            self.delta = SeedMLP(seeds, 2 * width, hidden, 1)
+            if form == "pair_gated" and control != "constant":
+                # gate starts at sigmoid(0) = 1/2 like the constant control; its input layer differs per seed
+                self.gate = SeedMLP([s * 31 + 5 for s in seeds], 2 * width, hidden, 1)
+        else:
+            if control == "none" or control == "shuffled":
+                self.c_net = SeedMLP([s * 31 + 5 for s in seeds], width, hidden, 1)
+            if control == "global":
+                self.c_global = nn.Parameter(torch.zeros(S, 1, 1))
+            self.scale = SeedLinear(seeds, width + 1, dim, zero=True)
+
+    @property
+    def p(self) -> torch.Tensor:
+        """(S, 1) or scalar normalisation exponent."""
+        return torch.sigmoid(self.p_hat) if self.learn_p else self.p_fixed
+
+    def working(self, x: torch.Tensor) -> torch.Tensor:
+        """h = LayerNorm(W x + b); (S, B, d) -> (S, B, width)."""
+        return self.norm(self.proj(x))
+
+    def forward(self, xa: torch.Tensor, xb: torch.Tensor) -> AdapterOutput:
+        """xa, xb: (S, B, d) raw pooled vectors -> scores (S, B)."""
+        s0 = sim_p(xa, xb, self.p)
+        if self.form == "baseline":
+            return AdapterOutput(s0, s0)
+        ha, hb = self.working(xa), self.working(xb)
+        if self.form.startswith("pair"):
+            phi = torch.cat([(ha - hb).abs(), ha * hb], dim=-1)  # (S, B, 2 width), symmetric in a, b
+            delta = torch.tanh(self.delta(phi)).squeeze(-1)
+            if self.form == "pair_ungated":
+                return AdapterOutput(s0 + self.gamma * delta, s0, norm_a=ha.norm(dim=-1), norm_b=hb.norm(dim=-1))
+            g = (torch.full_like(delta, 0.5) if self.control == "constant"
+                 else torch.sigmoid(self.gate(phi)).squeeze(-1))
+            return AdapterOutput(s0 + self.gamma * g * delta, s0, gate=g, norm_a=ha.norm(dim=-1),
+                                 norm_b=hb.norm(dim=-1))
+        ca, cb = self._complexity(ha), self._complexity(hb)
+        va, vb = self._scaled(xa, ha, ca), self._scaled(xb, hb, cb)
+        if self.form == "per_sentence_preserving":
+            va = (1 - self.gamma) * xa + self.gamma * va
+            vb = (1 - self.gamma) * xb + self.gamma * vb
+        return AdapterOutput(sim_p(va, vb, self.p), s0, c_a=ca.squeeze(-1), c_b=cb.squeeze(-1),
+                             norm_a=va.norm(dim=-1), norm_b=vb.norm(dim=-1))
+
+    def _complexity(self, h: torch.Tensor) -> torch.Tensor:
+        """c in (0, 1), (S, B, 1), according to the control."""
+        S, B, _ = h.shape
+        if self.control == "constant" or self.control == "h_only":
+            return torch.full((S, B, 1), 0.5, device=h.device, dtype=h.dtype)
+        if self.control == "global":
+            return torch.sigmoid(self.c_global).expand(S, B, 1)
+        return torch.sigmoid(self.c_net(h))
+
+    def _scaled(self, x: torch.Tensor, h: torch.Tensor, c: torch.Tensor) -> torch.Tensor:
+        c_in = torch.zeros_like(c) if self.control == "h_only" else c
+        if self.control == "shuffled":
+            c_in = c_in[:, torch.randperm(c.shape[1], device=c.device)]
+        alpha = 1 + self.alpha0 * torch.tanh(self.scale(torch.cat([h, c_in], dim=-1)))  # (S, B, d)
+        return alpha * x
+
+    def n_parameters(self) -> int:
+        """Trainable parameters of one seed's model."""
+        return sum(p.numel() for p in self.parameters() if p.requires_grad) // len(self.seeds)

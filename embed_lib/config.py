@@ -1,0 +1,177 @@
+"""Experiment configuration: one frozen dataclass per concern, validated on construction.
+
+The same objects are logged verbatim to MLflow and saved next to cached tensors and weights,
+so every field is a small JSON-serialisable value.
+"""
+from __future__ import annotations
+
+import dataclasses
+import os
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+#: Alias -> sentence-transformers id. Aliases resolve to packaged weights when they are
+#: installed (offline), otherwise to the Hub id.
+ENCODER_ALIASES = {"minilm": "sentence-transformers/all-MiniLM-L6-v2"}
+
+DTYPES = ("float32", "float16", "bfloat16")
+
+
+def _check_range(name: str, value: float, low: float, high: float, *, low_open: bool = False) -> None:
+    ok = (value > low if low_open else value >= low) and value <= high
+    if not ok:
+        bracket = "(" if low_open else "["
+        raise ValueError(f"{name}={value!r} is out of range; allowed {bracket}{low}, {high}].")
+
+
+@dataclass(frozen=True)
+class EncoderConfig:
+    """How the frozen encoder turns sentences into vectors. Part of every cache key."""
+
+    #: sentence-transformers model id on the Hub, a local directory, or an alias ("minilm").
+    model: str = "minilm"
+    #: Hub revision (branch, tag or commit); ignored for local paths.
+    revision: str | None = None
+    #: attention temperature (TempScale): attention logits are divided by tau_attn in every
+    #: self-attention layer at inference. 1.0 is the unmodified model; < 1 sharpens attention,
+    #: which counters the length-induced collapse of mean-pooled embeddings.
+    tau_attn: float = 1.0
+    #: truncation length in tokens; None keeps the model's own max_seq_length.
+    max_seq_length: int | None = None
+    #: sentences per forward pass (sorted by length, so padding stays small).
+    batch_size: int = 64
+    #: dtype of the stored vectors and of the forward pass on accelerators (CPU always float32).
+    dtype: str = "float32"
+    #: "cpu", "cuda", "cuda:1", ... or None for the best available device.
+    device: str | None = None
+
+    def __post_init__(self) -> None:
+        if not isinstance(self.model, str) or not self.model.strip():
+            raise ValueError(f"EncoderConfig.model must be a non-empty model id, path or alias; got {self.model!r}.")
+        _check_range("EncoderConfig.tau_attn", float(self.tau_attn), 0.0, 10.0, low_open=True)
+        if self.max_seq_length is not None and not (1 <= int(self.max_seq_length) <= 32768):
+            raise ValueError(f"EncoderConfig.max_seq_length={self.max_seq_length!r}; allowed None or 1..32768.")
+        if not (1 <= int(self.batch_size) <= 4096):
+            raise ValueError(f"EncoderConfig.batch_size={self.batch_size!r}; allowed 1..4096.")
+        if self.dtype not in DTYPES:
+            raise ValueError(f"EncoderConfig.dtype={self.dtype!r}; allowed {list(DTYPES)}.")
+
+    def to_dict(self) -> dict[str, Any]:
+        return dataclasses.asdict(self)
+
+
+def default_cache_dir() -> Path:
+    """Where embeddings and teacher scores are cached: $EMBED_CACHE_DIR or ./.cache/embed_lib."""
+    return Path(os.environ.get("EMBED_CACHE_DIR", Path.cwd() / ".cache" / "embed_lib")).absolute()
+
+
+def default_data_dir() -> Path | None:
+    """The local data mirror named by $EMBED_DATA_DIR, or None (then tasks load from the Hub)."""
+    value = os.environ.get("EMBED_DATA_DIR")
+    return Path(value).absolute() if value else None
+
+
+ADAPTER_FORMS = ("baseline", "pair_ungated", "pair_gated", "per_sentence", "per_sentence_preserving")
+TARGETS = ("none", "surface", "lexical", "ce_margin")
+LOSSES = ("cosent", "logistic", "mse")
+
+
+@dataclass(frozen=True)
+class AdapterConfig:
+    """One adapter configuration, trained on a seed group. Labels: [S] scientific, [N] nuisance, [F] fixed."""
+
+    #: [F] task name (see embed_lib.tasks)
+    task: str = "stsb"
+    #: [S] adapter form: baseline | pair_ungated | pair_gated | per_sentence | per_sentence_preserving
+    adapter: str = "pair_gated"
+    #: [S] control that removes the difficulty signal: none | constant | shuffled | global | h_only
+    control: str = "none"
+    #: [S] difficulty target supervising the gate / complexity: none | surface | lexical | ce_margin
+    target: str = "ce_margin"
+    #: [S] bound on how far a pair moves from the anchor (pair forms) / mixing weight (preserving form)
+    gamma: float = 0.1
+    #: [S] amplitude of the per-sentence scaling: alpha in 1 +- alpha0
+    alpha0: float = 0.5
+    #: [S] normalisation exponent p of s_p (1 = cosine, 0 = dot product); the initial value when learned
+    p: float = 1.0
+    #: [S] learn p = sigmoid(p_hat) (tied for both sides: the tasks are symmetric)
+    learn_p: bool = False
+    #: [S] temperature of the task loss
+    tau: float = 0.05
+    #: [S] task loss: cosent (ranking) | logistic (binary tasks) | mse
+    loss: str = "cosent"
+    #: [S] weight of the gate / complexity supervision MSE(g or c, target). With cosent at tau=0.05 the task
+    #: gradients are scaled by 1/tau = 20, so a weight near 1 is swamped: sweep it over orders of magnitude.
+    lambda_c: float = 10.0
+    #: [S] weight of the modulus constraint (norm alignment of similar pairs)
+    lambda_mod: float = 0.0
+    #: [N] learning rate (AdamW)
+    lr: float = 1e-3
+    #: [N] AdamW weight decay
+    weight_decay: float = 0.01
+    #: [N] working width k of h = LayerNorm(W x + b)
+    width: int = 128
+    #: [N] hidden units of the small MLPs
+    hidden: int = 128
+    #: [N] epochs over the training pairs (the best epoch on validation is kept per seed)
+    epochs: int = 10
+    #: [N] pairs per step
+    batch_size: int = 128
+    #: seeds of the group: seed0, seed0 + 1, ..., seed0 + n_seeds - 1
+    n_seeds: int = 5
+    seed0: int = 0
+
+    def __post_init__(self) -> None:
+        from embed_lib.adapters import CONTROLS
+        from embed_lib.tasks import task_names
+
+        if self.task not in task_names():
+            raise ValueError(f"Unknown task {self.task!r}. Valid tasks: {task_names()}.")
+        if self.adapter not in ADAPTER_FORMS:
+            raise ValueError(f"Unknown adapter {self.adapter!r}. Valid adapters: {list(ADAPTER_FORMS)}.")
+        if self.control not in CONTROLS[self.adapter]:
+            raise ValueError(f"Control {self.control!r} does not apply to adapter {self.adapter!r}. "
+                             f"Valid controls: {list(CONTROLS[self.adapter])}.")
+        if self.target not in TARGETS:
+            raise ValueError(f"Unknown difficulty target {self.target!r}. Valid targets: {sorted(TARGETS)}.")
+        supervised = self.adapter == "pair_gated" or (self.adapter.startswith("per_sentence")
+                                                      and self.control in ("none", "shuffled"))
+        if supervised and self.target == "none" and self.control != "constant":
+            raise ValueError(f"Adapter {self.adapter!r} with control {self.control!r} needs a difficulty target; "
+                             f"choose one of {[t for t in TARGETS if t != 'none']}.")
+        if self.loss not in LOSSES:
+            raise ValueError(f"Unknown loss {self.loss!r}. Valid losses: {list(LOSSES)}.")
+        _check_range("AdapterConfig.gamma", self.gamma, 0.0, 1.0)
+        _check_range("AdapterConfig.alpha0", self.alpha0, 0.0, 1.0)
+        _check_range("AdapterConfig.p", self.p, 0.0, 1.0)
+        _check_range("AdapterConfig.tau", self.tau, 0.0, 10.0, low_open=True)
+        _check_range("AdapterConfig.lambda_c", self.lambda_c, 0.0, 1e4)
+        _check_range("AdapterConfig.lambda_mod", self.lambda_mod, 0.0, 1e4)
+        _check_range("AdapterConfig.lr", self.lr, 0.0, 1.0, low_open=True)
+        _check_range("AdapterConfig.weight_decay", self.weight_decay, 0.0, 1.0)
+        for name, lo, hi in (("width", 1, 4096), ("hidden", 1, 4096), ("epochs", 1, 1000),
+                             ("batch_size", 2, 65536), ("n_seeds", 1, 100)):
+            value = getattr(self, name)
+            if not isinstance(value, int) or not lo <= value <= hi:
+                raise ValueError(f"AdapterConfig.{name}={value!r}; allowed integers {lo}..{hi}.")
+
+    @property
+    def seeds(self) -> list[int]:
+        return list(range(self.seed0, self.seed0 + self.n_seeds))
+
+    @property
+    def target_level(self) -> str:
+        """'pair' for pair forms, 'sentence' for per-sentence forms."""
+        return "pair" if self.adapter.startswith("pair") else "sentence"
+
+    def to_dict(self) -> dict[str, Any]:
+        return dataclasses.asdict(self)
+
+    @classmethod
+    def from_dict(cls, d: dict[str, Any]) -> "AdapterConfig":
+        names = {f.name for f in dataclasses.fields(cls)}
+        unknown = sorted(set(d) - names)
+        if unknown:
+            raise ValueError(f"Unknown AdapterConfig field(s) {unknown}. Valid fields: {sorted(names)}.")
+        return cls(**d)

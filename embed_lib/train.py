@@ -1,0 +1,256 @@
+"""Training on cached tensors: a seed group of one adapter configuration as one batched model.
+
+Sixth stage of the data flow (... adapters -> **training** -> metrics). `prepare_study` turns an
+embedded task (and, for the ce_margin target, held-out teacher scores) into tensors;
+`train_seed_group` fits every seed of an `AdapterConfig` at once (parameters carry a seed dimension,
+each seed its own initialisation and batch order), keeps each seed's best epoch on validation, and
+evaluates validation and test once at the selected epochs. Deltas are against the frozen cosine.
+"""
+from __future__ import annotations
+
+import time
+from dataclasses import dataclass, field
+from typing import Any, Callable, Mapping
+
+import numpy as np
+import torch
+from scipy import stats
+
+from embed_lib import losses
+from embed_lib.adapters import PairAdapter
+from embed_lib.cache import EmbeddedTask
+from embed_lib.config import AdapterConfig
+from embed_lib.metrics import PRIMARY_METRIC, cosine, evaluate
+from embed_lib.signals import ce_margin, lexical_hard, per_sentence_mean, surface_complexity
+
+EVAL_CHUNK = 8192
+
+
+@dataclass
+class SplitTensors:
+    ia: torch.Tensor  # (n,) rows of sentence a in StudyData.X
+    ib: torch.Tensor
+    y: torch.Tensor  # (n,) float32 in [0, 1]
+    s0: np.ndarray  # (n,) frozen cosine
+    pair_target: dict[str, np.ndarray] = field(default_factory=dict)  # target name -> (n,)
+
+
+@dataclass
+class StudyData:
+    task: str
+    binary: bool
+    X: torch.Tensor  # (m, d) raw pooled vectors of the distinct sentences
+    splits: dict[str, SplitTensors]
+    sentence_target: dict[str, np.ndarray]  # target name -> (m,)
+    manifest: dict[str, Any]
+    split_notes: dict[str, str]
+
+    @property
+    def targets(self) -> list[str]:
+        return sorted(self.sentence_target)
+
+
+def prepare_study(emb: EmbeddedTask, teacher_scores: Mapping[str, np.ndarray] | None = None,
+                  surface_weights: Mapping[str, float] | None = None) -> StudyData:
+    """Tensors and every available difficulty target (surface, lexical; ce_margin with teacher scores).
+
+    Per-sentence aggregates of pair targets use train pairs only; other sentences get the train mean.
+    """
+    X = torch.from_numpy(np.ascontiguousarray(emb.vectors))
+    m = len(emb.texts)
+    surface = surface_complexity(emb.texts, surface_weights)
+    splits: dict[str, SplitTensors] = {}
+    for name, s in emb.splits.items():
+        s0 = cosine(emb.vectors[s.ia], emb.vectors[s.ib])
+        t = {"surface": (surface[s.ia] + surface[s.ib]) / 2,
+             "lexical": lexical_hard(s.data.sentence1, s.data.sentence2, s.data.label)}
+        if teacher_scores is not None:
+            if len(teacher_scores[name]) != len(s.ia):
+                raise ValueError(f"teacher scores for split {name!r} have {len(teacher_scores[name])} rows; "
+                                 f"the split has {len(s.ia)} pairs. Rebuild the teacher cache for this task.")
+            t["ce_margin"] = ce_margin(np.asarray(teacher_scores[name]), s0)
+        splits[name] = SplitTensors(torch.from_numpy(s.ia), torch.from_numpy(s.ib),
+                                    torch.from_numpy(s.data.label.astype(np.float32)), s0, t)
+    tr = emb.splits["train"]
+    sentence_target = {"surface": surface}
+    for name in ("lexical", "ce_margin"):
+        if name in splits["train"].pair_target:
+            sentence_target[name] = per_sentence_mean(tr.ia, tr.ib, splits["train"].pair_target[name], m)
+    first = next(iter(emb.splits.values())).data
+    return StudyData(emb.task, first.binary, X, splits, sentence_target, dict(emb.manifest),
+                     {k: v.data.split_note for k, v in emb.splits.items()})
+
+
+@dataclass
+class GroupResult:
+    config: AdapterConfig
+    per_seed: list[dict[str, float]]  # each: val/..., test/..., delta_val, delta_test, best_epoch, gate fit
+    baseline: dict[str, float]  # frozen cosine metrics, val/... and test/...
+    history: list[dict[str, float]]  # per epoch: mean/min val delta over seeds
+    summary: dict[str, float]
+    state_dict: dict[str, torch.Tensor]
+    seconds: float
+    n_parameters: int
+
+    def table(self) -> str:
+        rows = ["| seed | best epoch | val baseline | val adapter | val delta | test baseline | test adapter | test delta |",
+                "|---|---|---|---|---|---|---|---|"]
+        b = self.baseline
+        for seed, r in zip(self.config.seeds, self.per_seed):
+            rows.append(f"| {seed} | {r['best_epoch']} | {b['val/spearman']:.4f} | {r['val/spearman']:.4f} | "
+                        f"{r['delta_val']:+.4f} | {b['test/spearman']:.4f} | {r['test/spearman']:.4f} | "
+                        f"{r['delta_test']:+.4f} |")
+        return "\n".join(rows)
+
+
+def _spearman_rows(scores: np.ndarray, y: np.ndarray) -> np.ndarray:
+    return np.array([stats.spearmanr(s, y).statistic for s in scores])
+
+
+def _pearson(a: np.ndarray, b: np.ndarray) -> float:
+    if np.std(a) < 1e-12 or np.std(b) < 1e-12:
+        return float("nan")
+    return float(stats.pearsonr(a, b).statistic)
+
+
+@torch.no_grad()
+def score_split(model: PairAdapter, X: torch.Tensor, sp: SplitTensors) -> tuple[np.ndarray, np.ndarray | None]:
+    """Scores (S, n) and gate or mean complexity (S, n) or None, in chunks of pairs."""
+    model.eval()
+    S = len(model.seeds)
+    scores, aux = [], []
+    for i in range(0, len(sp.ia), EVAL_CHUNK):
+        xa = X[sp.ia[i: i + EVAL_CHUNK]].expand(S, -1, -1)  # (S, n, d), no copy
+        xb = X[sp.ib[i: i + EVAL_CHUNK]].expand(S, -1, -1)
+        out = model(xa, xb)
+        scores.append(out.score)
+        if out.gate is not None:
+            aux.append(out.gate)
+        elif out.c_a is not None:
+            aux.append((out.c_a + out.c_b) / 2)
+    model.train()
+    return torch.cat(scores, 1).numpy(), (torch.cat(aux, 1).numpy() if aux else None)
+
+
+def train_seed_group(cfg: AdapterConfig, data: StudyData,
+                     on_epoch: Callable[[int, dict[str, float]], None] | None = None) -> GroupResult:
+    """Fit every seed of `cfg` as one batched model; see module docstring."""
+    if cfg.target not in ("none", *data.targets):
+        raise ValueError(f"Difficulty target {cfg.target!r} is not available for this study; available: "
+                         f"{data.targets} (ce_margin needs teacher scores).")
+    t0 = time.perf_counter()
+    torch.manual_seed(cfg.seed0)
+    seeds, S = cfg.seeds, cfg.n_seeds
+    X, tr, va = data.X, data.splits["train"], data.splits["validation"]
+    d = X.shape[1]
+    model = PairAdapter(cfg.adapter, d, seeds, control=cfg.control, width=cfg.width, hidden=cfg.hidden,
+                        gamma=cfg.gamma, alpha0=cfg.alpha0, p=cfg.p, learn_p=cfg.learn_p)
+    params = list(model.parameters())
+    center = None
+    if cfg.loss == "logistic":
+        center = torch.nn.Parameter(torch.full((S, 1), float(np.mean(tr.s0))))
+        params.append(center)
+    opt = torch.optim.AdamW(params, lr=cfg.lr, weight_decay=cfg.weight_decay) if params else None
+
+    n = len(tr.ia)
+    gens = [torch.Generator().manual_seed(10_000 + s) for s in seeds]
+    pair_t = sent_t = None
+    if cfg.target != "none":
+        pair_t = torch.from_numpy(tr.pair_target[cfg.target]).float().expand(S, -1).clone()  # (S, n)
+        sent_t = torch.from_numpy(data.sentence_target[cfg.target]).float()
+        if cfg.control == "shuffled" and cfg.adapter == "pair_gated":
+            # the shuffled-target control: same gate, targets permuted over the train pairs per seed
+            pair_t = torch.stack([pair_t[k, torch.randperm(n, generator=g)] for k, g in enumerate(gens)])
+    supervise_gate = cfg.adapter == "pair_gated" and cfg.control != "constant" and cfg.lambda_c > 0
+    supervise_c = cfg.adapter.startswith("per_sentence") and cfg.control in ("none", "shuffled") and cfg.lambda_c > 0
+    y_val = va.y.numpy()
+    base_val = float(stats.spearmanr(va.s0, y_val).statistic)
+
+    best = {k: v.detach().clone() for k, v in model.state_dict().items()}
+    best_val = np.full(S, -np.inf)
+    best_epoch = np.zeros(S, dtype=int)
+    history: list[dict[str, float]] = []
+    steps = max(1, n // cfg.batch_size)  # drop the ragged last batch: CoSENT needs several pairs
+    for epoch in range(1, cfg.epochs + 1 if opt is not None else 1):
+        order = torch.stack([torch.randperm(n, generator=g) for g in gens])  # (S, n) each seed its own order
+        for step in range(steps):
+            idx = order[:, step * cfg.batch_size: (step + 1) * cfg.batch_size]  # (S, B)
+            ia, ib, y = tr.ia[idx], tr.ib[idx], tr.y[idx]
+            out = model(X[ia], X[ib])  # (S, B, d) gathers
+            if cfg.loss == "cosent":
+                loss = losses.cosent(out.score, y, cfg.tau)
+            elif cfg.loss == "logistic":
+                loss = losses.logistic(out.score, y, cfg.tau, center)
+            else:
+                loss = losses.mse(out.score, y)
+            if supervise_gate:
+                loss = loss + cfg.lambda_c * losses.mse(out.gate, torch.gather(pair_t, 1, idx))
+            if supervise_c:
+                loss = loss + cfg.lambda_c * 0.5 * (losses.mse(out.c_a, sent_t[ia]) + losses.mse(out.c_b, sent_t[ib]))
+            if cfg.lambda_mod > 0 and out.norm_a is not None:
+                loss = loss + cfg.lambda_mod * losses.modulus(out.norm_a, out.norm_b, y)
+            opt.zero_grad(set_to_none=True)
+            loss.sum().backward()  # a sum keeps each seed's gradient its own
+            opt.step()
+        torch.manual_seed(cfg.seed0 + epoch)  # shuffled-c control: the same eval permutation for every run
+        val_scores, _ = score_split(model, X, va)
+        val = _spearman_rows(val_scores, y_val)
+        better = val > best_val
+        if better.any():
+            mask = torch.from_numpy(better)
+            for k, v in model.state_dict().items():
+                if v.dim() > 0 and v.shape[0] == S:
+                    best[k][mask] = v.detach()[mask]
+            best_val[better], best_epoch[better] = val[better], epoch
+        delta = val - base_val
+        history.append({"epoch": epoch, "val_delta_mean": float(delta.mean()), "val_delta_min": float(delta.min()),
+                        "val_spearman_mean": float(val.mean())})
+        if on_epoch is not None:
+            on_epoch(epoch, history[-1])
+    if opt is not None:
+        model.load_state_dict(best)
+
+    torch.manual_seed(cfg.seed0 + 10_000)
+    per_seed, baseline = [[{} for _ in seeds], {}]
+    splits_out: dict[str, tuple[np.ndarray, np.ndarray | None]] = {}
+    for split, prefix in (("validation", "val"), ("test", "test"), ("train", "train")):
+        sp = data.splits[split]
+        scores, aux = score_split(model, X, sp)
+        splits_out[split] = (scores, aux)
+        y = sp.y.numpy()
+        if split != "train":
+            thr = None
+            baseline.update(evaluate(sp.s0, y, data.binary, prefix))
+            for k in range(S):
+                thr_k = per_seed[k].get("val/threshold_acc") if split == "test" else thr
+                per_seed[k].update(evaluate(scores[k], y, data.binary, prefix, threshold=thr_k))
+    for k in range(S):
+        r = per_seed[k]
+        r["delta_val"] = r[f"val/{PRIMARY_METRIC}"] - baseline[f"val/{PRIMARY_METRIC}"]
+        r["delta_test"] = r[f"test/{PRIMARY_METRIC}"] - baseline[f"test/{PRIMARY_METRIC}"]
+        r["best_epoch"] = int(best_epoch[k])
+        if cfg.target != "none" and splits_out["train"][1] is not None:
+            for split, prefix in (("train", "train"), ("test", "test")):
+                aux = splits_out[split][1][k]
+                target = data.splits[split].pair_target[cfg.target]
+                r[f"{prefix}/gate_fit"] = _pearson(aux, target)
+        if cfg.learn_p:
+            r["p"] = float(model.p[k].item())
+    summary = summarize(per_seed)
+    return GroupResult(cfg, per_seed, baseline, history, summary,
+                       {k: v.detach().clone() for k, v in model.state_dict().items()},
+                       time.perf_counter() - t0, model.n_parameters())
+
+
+def summarize(per_seed: list[dict[str, float]]) -> dict[str, float]:
+    """mean / std / min / count positive of the per-seed deltas, and mean gate fit."""
+    out: dict[str, float] = {}
+    for key in ("delta_val", "delta_test"):
+        v = np.array([r[key] for r in per_seed])
+        out.update({f"{key}_mean": float(v.mean()), f"{key}_std": float(v.std(ddof=1)) if len(v) > 1 else 0.0,
+                    f"{key}_min": float(v.min()), f"{key}_positive": int((v > 0).sum())})
+    for key in ("val/spearman", "test/spearman", "train/gate_fit", "test/gate_fit"):
+        if key in per_seed[0]:
+            out[f"{key}_mean"] = float(np.nanmean([r[key] for r in per_seed]))
+    out["n_seeds"] = len(per_seed)
+    return out

@@ -1,0 +1,83 @@
+from __future__ import annotations
+
+import numpy as np
+import pandas as pd
+import pytest
+
+from embed_lib.tasks import SPLITS, get_task, load_splits, load_task
+
+
+@pytest.mark.parametrize("task,counts", [
+    ("stsb", {"train": 5749, "validation": 1500, "test": 1379}),
+    ("mrpc", {"train": 3668, "validation": 408, "test": 1725}),
+])
+def test_official_split_counts(data_dir, task, counts):
+    for split, n in counts.items():
+        d = load_task(task, split, data_dir)
+        assert len(d) == len(d.sentence1) == len(d.sentence2) == n
+        assert d.split_note.endswith("(official split)")
+
+
+def test_stsb_labels_are_score_over_five(data_dir):
+    d = load_task("stsb", "train", data_dir)
+    assert not d.binary
+    np.testing.assert_allclose(d.label, d.raw_label / 5.0, rtol=1e-6)
+    assert d.label.min() >= 0.0 and d.label.max() <= 1.0
+    assert d.raw_label.max() > 4.9  # raw kept on the 0..5 scale
+
+
+@pytest.mark.parametrize("task,total", [("paws", 8000), ("qqp", 15497)])
+def test_derived_splits_partition_the_source(data_dir, task, total):
+    parts = load_splits(task, SPLITS, data_dir)
+    ids = [set(p.ids.tolist()) for p in parts.values()]
+    assert sum(len(s) for s in ids) == total
+    assert not (ids[0] & ids[1]) and not (ids[0] & ids[2]) and not (ids[1] & ids[2])
+    assert len(parts["train"]) == round(0.70 * total)
+    for p in parts.values():
+        assert p.binary and set(np.unique(p.label).tolist()) == {0.0, 1.0}
+        assert "seeded 70/15/15 split" in p.split_note
+    again = load_task(task, "validation", data_dir)
+    assert again.ids.tolist() == parts["validation"].ids.tolist()  # deterministic
+
+
+def test_mrpc_positive_counts_match_the_readme(data_dir):
+    assert int(load_task("mrpc", "train", data_dir).label.sum()) == 2474
+    assert int(load_task("mrpc", "validation", data_dir).label.sum()) == 279
+
+
+def test_unknown_task_and_split():
+    with pytest.raises(ValueError, match=r"Unknown task 'stsc'. Valid tasks: \['mrpc', 'paws', 'qqp', 'stsb'\]"):
+        get_task("stsc")
+    with pytest.raises(ValueError, match="Unknown split 'dev'"):
+        load_task("stsb", "dev", "/nonexistent")
+
+
+def test_missing_file_names_the_path_and_fix(tmp_path):
+    with pytest.raises(FileNotFoundError, match=r"stsb/train.parquet.*EMBED_DATA_DIR"):
+        load_task("stsb", "train", tmp_path)
+
+
+def test_malformed_columns_are_named(tmp_path):
+    (tmp_path / "stsb").mkdir()
+    pd.DataFrame({"sentence1": ["a"], "text2": ["b"], "label": [1.0]}).to_parquet(tmp_path / "stsb" / "train.parquet")
+    with pytest.raises(ValueError, match=r"missing column\(s\) \['sentence2'\]"):
+        load_task("stsb", "train", tmp_path)
+
+
+def test_bad_labels_and_texts(tmp_path):
+    (tmp_path / "mrpc").mkdir()
+    pd.DataFrame({"sentence1": ["a", "b"], "sentence2": ["c", "d"], "label": [1, -1]}).to_parquet(
+        tmp_path / "mrpc" / "test.parquet")
+    with pytest.raises(ValueError, match="must be 0/1.*hidden"):
+        load_task("mrpc", "test", tmp_path)
+    (tmp_path / "stsb").mkdir()
+    pd.DataFrame({"sentence1": ["a", None], "sentence2": ["c", "d"], "label": [1.0, 6.0]}).to_parquet(
+        tmp_path / "stsb" / "test.parquet")
+    with pytest.raises(ValueError, match="column 'sentence1' must hold strings; row 1"):
+        load_task("stsb", "test", tmp_path)
+
+
+def test_mirror_source_without_dir(monkeypatch):
+    monkeypatch.delenv("EMBED_DATA_DIR", raising=False)
+    with pytest.raises(ValueError, match="source='mirror' needs data_dir"):
+        load_task("stsb", "train", None, source="mirror")
