@@ -144,7 +144,9 @@ class PairAdapter(nn.Module):
         s0 = sim_p(xa, xb, self.p)
         if self.form == "baseline":
             return AdapterOutput(s0, s0)
-        ha, hb = self.working(xa), self.working(xb)
+        B = xa.shape[1]
+        h = self.working(torch.cat([xa, xb], dim=1))  # one projection for both sides: (S, 2B, width)
+        ha, hb = h[:, :B], h[:, B:]
         if self.form.startswith("pair"):
             phi = torch.cat([(ha - hb).abs(), ha * hb], dim=-1)  # (S, B, 2 width), symmetric in a, b
             delta = torch.tanh(self.delta(phi)).squeeze(-1)

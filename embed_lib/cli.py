@@ -1,10 +1,14 @@
 """Command line: `python -m embed_lib <command>`.
 
-    baseline   frozen cosine baseline of one task or all, every split, as a table + results file
+    baseline     frozen cosine baseline of one task or all, every split, as a table + results file
+    train        one adapter configuration on a seed group: per-seed table, logged to MLflow
+    study        the reference comparison (every form and control) on one task or all -> results/study.md
+    diagnostics  headroom of each difficulty signal and the length-collapse table
 """
 from __future__ import annotations
 
 import argparse
+import dataclasses
 import json
 import logging
 import sys
@@ -14,6 +18,7 @@ from typing import Sequence
 
 from embed_lib.cache import EmbeddingCache, EmbeddedTask, embed_task
 from embed_lib.config import EncoderConfig, default_cache_dir
+from embed_lib.study import LazyEncoder
 from embed_lib.metrics import cosine, evaluate
 from embed_lib.tasks import SPLITS, load_splits, task_names
 
@@ -25,7 +30,7 @@ def _add_common(p: argparse.ArgumentParser) -> None:
     p.add_argument("--revision", default=None, help="Hub revision of the encoder")
     p.add_argument("--tau-attn", type=float, default=1.0, help="attention temperature (TempScale), default 1.0")
     p.add_argument("--max-seq-length", type=int, default=None, help="truncation length (default: the model's)")
-    p.add_argument("--batch-size", type=int, default=64, help="encoding batch size (default: 64)")
+    p.add_argument("--encode-batch-size", type=int, default=64, help="encoding batch size (default: 64)")
     p.add_argument("--device", default=None, help="cpu, cuda, cuda:1 (default: best available)")
     p.add_argument("--data-dir", default=None,
                    help="local mirror of the datasets (default: $EMBED_DATA_DIR; unset: the Hugging Face Hub)")
@@ -34,28 +39,7 @@ def _add_common(p: argparse.ArgumentParser) -> None:
 
 def encoder_config(args: argparse.Namespace) -> EncoderConfig:
     return EncoderConfig(model=args.encoder, revision=args.revision, tau_attn=args.tau_attn,
-                         max_seq_length=args.max_seq_length, batch_size=args.batch_size, device=args.device)
-
-
-class LazyEncoder:
-    """Loads the model only when a sentence is missing from the cache, or when its manifest is needed."""
-
-    def __init__(self, config: EncoderConfig) -> None:
-        self.config = config
-        self._encoder = None
-
-    def __call__(self):
-        if self._encoder is None:
-            from embed_lib.encoders import FrozenEncoder
-
-            self._encoder = FrozenEncoder(self.config)
-        return self._encoder
-
-
-    def manifest(self, memo_dir: str | Path | None) -> dict:
-        from embed_lib.encoders import encoder_manifest
-
-        return encoder_manifest(self.config, memo_dir, loader=self)
+                         max_seq_length=args.max_seq_length, batch_size=args.encode_batch_size, device=args.device)
 
 
 def load_embedded(task: str, args: argparse.Namespace, lazy: LazyEncoder) -> tuple[EmbeddedTask, EmbeddingCache]:
@@ -116,6 +100,168 @@ def cmd_baseline(args: argparse.Namespace) -> int:
     return 0
 
 
+def field_docs(cls) -> dict[str, str]:
+    """Field name -> its `#:` comment in the dataclass source (one source for docs and --help)."""
+    import inspect
+    import re
+
+    docs, pending = {}, []
+    for line in inspect.getsource(cls).splitlines():
+        line = line.strip()
+        if line.startswith("#:"):
+            pending.append(line[2:].strip())
+        elif (m := re.match(r"(\w+): [^=]+=", line)) and pending:
+            docs[m.group(1)] = " ".join(pending).replace("%", "%%")
+            pending = []
+        else:
+            pending = []
+    return docs
+
+
+def _add_teacher(p: argparse.ArgumentParser) -> None:
+    p.add_argument("--teacher", default="minilm",
+                   help="cross-encoder base weights to fine-tune with K-fold cross-fitting, or a pretrained "
+                        "cross-encoder with --teacher-pretrained (default: minilm)")
+    p.add_argument("--teacher-pretrained", action="store_true", help="--teacher is already a cross-encoder")
+    p.add_argument("--teacher-folds", type=int, default=2, help="cross-fitting folds (default 2)")
+    p.add_argument("--teacher-epochs", type=int, default=1, help="fine-tuning epochs per fold (default 1)")
+    p.add_argument("--teacher-lr", type=float, default=1e-4, help="fine-tuning learning rate (default 1e-4)")
+    p.add_argument("--no-teacher", action="store_true", help="skip the teacher (no ce_margin target)")
+
+
+def teacher_config(args: argparse.Namespace):
+    from embed_lib.teacher import TeacherConfig
+
+    if args.no_teacher:
+        return None
+    return TeacherConfig(model=args.teacher, pretrained=args.teacher_pretrained, folds=args.teacher_folds,
+                         epochs=args.teacher_epochs, lr=args.teacher_lr)
+
+
+def _add_adapter(p: argparse.ArgumentParser) -> None:
+    from embed_lib.config import AdapterConfig
+
+    d = AdapterConfig()
+    docs = field_docs(AdapterConfig)
+    for f in dataclasses.fields(AdapterConfig):
+        if f.name in ("task", "n_seeds"):
+            continue
+        flag = "--" + f.name.replace("_", "-")
+        if f.type in ("bool",) or isinstance(f.default, bool):
+            p.add_argument(flag, action=argparse.BooleanOptionalAction, default=f.default, help=docs.get(f.name))
+        else:
+            p.add_argument(flag, type=type(f.default), default=f.default,
+                           help=f"{docs.get(f.name, '')} (default {f.default!r})")
+    p.add_argument("--seeds", type=int, default=d.n_seeds, help=f"seeds in the group (default {d.n_seeds})")
+
+
+def adapter_config(args: argparse.Namespace, task: str):
+    from embed_lib.config import AdapterConfig
+
+    values = {f.name: getattr(args, f.name) for f in dataclasses.fields(AdapterConfig)
+              if f.name not in ("task", "n_seeds")}
+    return AdapterConfig(task=task, n_seeds=args.seeds, **values)
+
+
+def _add_mlflow(p: argparse.ArgumentParser) -> None:
+    p.add_argument("--tracking-uri", default=None,
+                   help="MLflow tracking URI (default: $MLFLOW_TRACKING_URI or sqlite:///<cwd>/mlflow.db)")
+    p.add_argument("--experiment", default=None, help="MLflow experiment (default: embed_lib-<task>)")
+    p.add_argument("--no-mlflow", action="store_true", help="do not log to MLflow")
+
+
+def _needs_teacher(cfg) -> bool:
+    return cfg.target == "ce_margin"
+
+
+def cmd_train(args: argparse.Namespace) -> int:
+    from embed_lib.study import load_study
+    from embed_lib.train import train_seed_group
+
+    cfg = adapter_config(args, args.task)
+    teacher = teacher_config(args)
+    if _needs_teacher(cfg) and teacher is None:
+        raise ValueError("--target ce_margin needs the teacher; drop --no-teacher.")
+    data, record = load_study(args.task, encoder_config(args), teacher if _needs_teacher(cfg) else None,
+                              data_dir=args.data_dir, cache_dir=args.cache_dir, limit=args.limit)
+    result = train_seed_group(cfg, data)
+    print(result.table())
+    s = result.summary
+    print(f"\nvalidation delta {s['delta_val_mean']:+.4f} ± {s['delta_val_std']:.4f} (min {s['delta_val_min']:+.4f}, "
+          f"{s['delta_val_positive']}/{cfg.n_seeds} positive); test delta {s['delta_test_mean']:+.4f} ± "
+          f"{s['delta_test_std']:.4f} ({s['delta_test_positive']}/{cfg.n_seeds} positive); "
+          f"{result.n_parameters} parameters per seed; {result.seconds:.1f}s")
+    if "train/gate_fit_mean" in s:
+        print(f"gate fit to its target (Pearson): train {s['train/gate_fit_mean']:.3f}, "
+              f"test {s['test/gate_fit_mean']:.3f}")
+    if record is not None:
+        print(f"teacher: validation Spearman {record['validation_spearman']:.4f}, "
+              f"test {record['test_spearman']:.4f} (frozen baseline {result.baseline['val/spearman']:.4f} / "
+              f"{result.baseline['test/spearman']:.4f})")
+    if not args.no_mlflow:
+        import mlflow
+
+        from embed_lib.tracking import default_tracking_uri, log_group
+
+        mlflow.set_tracking_uri(args.tracking_uri or default_tracking_uri())
+        mlflow.set_experiment(args.experiment or f"embed_lib-{args.task}")
+        with mlflow.start_run(run_name=f"{cfg.adapter}-{cfg.control}-{cfg.target}") as run:
+            log_group(result, data, record)
+        print(f"MLflow run {run.info.run_id} at {mlflow.get_tracking_uri()}")
+    return 0
+
+
+def cmd_study(args: argparse.Namespace) -> int:
+    from embed_lib.study import load_study, run_study, study_markdown
+
+    tasks = task_names() if args.task == "all" else [args.task]
+    sections = []
+    for task in tasks:
+        print(f"[{task}]", file=sys.stderr)
+        data, record = load_study(task, encoder_config(args), teacher_config(args), data_dir=args.data_dir,
+                                  cache_dir=args.cache_dir, limit=args.limit)
+        results = run_study(data, adapter_config(args, task), log=lambda m: print(m, file=sys.stderr))
+        sections.append(study_markdown(task, data, results, record))
+    text = "".join(s + "\n" for s in sections)
+    print(text)
+    out = Path(args.out)
+    out.parent.mkdir(parents=True, exist_ok=True)
+    out.write_text(f"# Study results ({args.seeds} seeds per arm)\n\nRegenerate: `python -m embed_lib study "
+                   f"--task {args.task} --seeds {args.seeds} --out {args.out}`\n\n" + text)
+    print(f"wrote {out}", file=sys.stderr)
+    return 0
+
+
+def cmd_diagnostics(args: argparse.Namespace) -> int:
+    import numpy as np
+
+    from embed_lib.diagnostics import length_collapse
+    from embed_lib.study import load_study, headroom_of
+
+    data, record = load_study(args.task, encoder_config(args), teacher_config(args), data_dir=args.data_dir,
+                              cache_dir=args.cache_dir, limit=args.limit)
+    print(f"Headroom on {args.task} train: correlation of each signal with |calibrated s0 - y|")
+    for name, v in headroom_of(data).items():
+        print(f"  {name:10s} Pearson {v['pearson']:+.3f}  Spearman {v['spearman']:+.3f}")
+    # length collapse: the task's sentences under tau_attn = 1 and the tau_attn asked for
+    root = Path(args.cache_dir) if args.cache_dir else default_cache_dir()
+    splits = load_splits(args.task, SPLITS, args.data_dir)
+    texts = list(dict.fromkeys(t for d in splits.values() for t in (*d.sentence1, *d.sentence2)))
+    rng = np.random.default_rng(0)
+    texts = [texts[i] for i in sorted(rng.choice(len(texts), min(len(texts), args.collapse_sample), replace=False))]
+    vectors = {}
+    for tau in sorted({1.0, args.collapse_tau}, reverse=True):
+        lazy = LazyEncoder(dataclasses.replace(encoder_config(args), tau_attn=tau))
+        vectors[f"tau_attn={tau}"] = EmbeddingCache(lazy.manifest(root), root).get(texts, lazy)
+    rows = length_collapse(texts, vectors)
+    print("\nLength collapse: mean cosine of random sentence pairs within a length bucket (word tokens)")
+    keys = list(vectors)
+    print("| bucket | sentences | " + " | ".join(keys) + " |\n|---|---|" + "---|" * len(keys))
+    for r in rows:
+        print(f"| {r['bucket']} | {r['n_sentences']} | " + " | ".join(f"{r[k]:.4f}" for k in keys) + " |")
+    return 0
+
+
 def build_parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(prog="python -m embed_lib", description=__doc__,
                                      formatter_class=argparse.RawDescriptionHelpFormatter)
@@ -124,6 +270,30 @@ def build_parser() -> argparse.ArgumentParser:
     _add_common(p)
     p.add_argument("--out", default=None, help="results file (default: results/baseline_<task>.md)")
     p.set_defaults(func=cmd_baseline)
+
+    p = sub.add_parser("train", help="one adapter configuration on a seed group")
+    _add_common(p)
+    _add_adapter(p)
+    _add_teacher(p)
+    _add_mlflow(p)
+    p.add_argument("--limit", type=int, default=None, help="first N pairs of every split (smoke tests)")
+    p.set_defaults(func=cmd_train)
+
+    p = sub.add_parser("study", help="every form and control of the reference study -> markdown table")
+    _add_common(p)
+    _add_adapter(p)
+    _add_teacher(p)
+    p.add_argument("--limit", type=int, default=None, help="first N pairs of every split (smoke tests)")
+    p.add_argument("--out", default=None, help="results file (default: results/study_<task>.md)")
+    p.set_defaults(func=cmd_study)
+
+    p = sub.add_parser("diagnostics", help="headroom of each difficulty signal; length collapse")
+    _add_common(p)
+    _add_teacher(p)
+    p.add_argument("--limit", type=int, default=None, help="first N pairs of every split")
+    p.add_argument("--collapse-tau", type=float, default=0.5, help="tau_attn compared with 1.0 (default 0.5)")
+    p.add_argument("--collapse-sample", type=int, default=3000, help="sentences sampled for the collapse table")
+    p.set_defaults(func=cmd_diagnostics)
     return parser
 
 
@@ -134,9 +304,9 @@ def main(argv: Sequence[str] | None = None) -> int:
     if getattr(args, "task", None) not in (*task_names(), "all", None):
         parser.error(f"--task {args.task!r} is unknown. Valid tasks: {task_names()} or 'all'.")
     if hasattr(args, "out") and args.out is None:
-        args.out = f"results/baseline_{args.task}.md"
+        args.out = f"results/{args.command}_{args.task}.md"
     try:
         return args.func(args)
-    except (ValueError, TypeError, FileNotFoundError, KeyError) as exc:
+    except (ValueError, TypeError, FileNotFoundError, KeyError, RuntimeError) as exc:
         print(f"error: {exc}", file=sys.stderr)
         return 2

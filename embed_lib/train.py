@@ -150,7 +150,7 @@ def train_seed_group(cfg: AdapterConfig, data: StudyData,
     if cfg.loss == "logistic":
         center = torch.nn.Parameter(torch.full((S, 1), float(np.mean(tr.s0))))
         params.append(center)
-    opt = torch.optim.AdamW(params, lr=cfg.lr, weight_decay=cfg.weight_decay) if params else None
+    opt = torch.optim.AdamW(params, lr=cfg.lr, weight_decay=cfg.weight_decay, foreach=True) if params else None
 
     n = len(tr.ia)
     gens = [torch.Generator().manual_seed(10_000 + s) for s in seeds]

@@ -31,7 +31,7 @@ def encoder():
 def stsb_embedded(data_dir):
     """STS-B, all splits, through the shared cache (encodes once per machine)."""
     from embed_lib.cache import EmbeddingCache, embed_task
-    from embed_lib.cli import LazyEncoder
+    from embed_lib.study import LazyEncoder
     from embed_lib.config import EncoderConfig
     from embed_lib.tasks import load_splits
 

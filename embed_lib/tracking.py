@@ -1,0 +1,106 @@
+"""MLflow logging of seed groups: config, per-seed metrics, learning curves, plots, provenance.
+
+Kept free of Ray: the sweeps call the same functions inside Tune trials. MLflow is imported lazily.
+"""
+from __future__ import annotations
+
+import os
+import subprocess
+import sys
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+
+from embed_lib.train import GroupResult, StudyData
+
+REPO = Path(__file__).resolve().parents[1]
+
+
+def default_tracking_uri() -> str:
+    """$MLFLOW_TRACKING_URI, else a sqlite file ./mlflow.db (absolute: Ray jobs run in a copy of the tree)."""
+    return os.environ.get("MLFLOW_TRACKING_URI") or f"sqlite:///{(Path.cwd() / 'mlflow.db').absolute()}"
+
+
+def git_info(repo: Path = REPO) -> dict[str, Any]:
+    def git(*args: str) -> str:
+        return subprocess.run(["git", *args], cwd=repo, capture_output=True, text=True, timeout=10).stdout.strip()
+
+    try:
+        return {"git_commit": git("rev-parse", "HEAD") or "unknown", "git_dirty": bool(git("status", "--porcelain"))}
+    except (OSError, subprocess.SubprocessError):
+        return {"git_commit": "unknown", "git_dirty": True}
+
+
+def plot_seed_deltas(result: GroupResult):
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    seeds = result.config.seeds
+    fig, ax = plt.subplots(figsize=(5, 3))
+    x = np.arange(len(seeds))
+    ax.bar(x - 0.2, [r["delta_val"] for r in result.per_seed], 0.4, label="validation")
+    ax.bar(x + 0.2, [r["delta_test"] for r in result.per_seed], 0.4, label="test")
+    ax.axhline(0, color="k", lw=0.8)
+    ax.set_xticks(x, [str(s) for s in seeds])
+    ax.set_xlabel("seed")
+    ax.set_ylabel("Spearman delta vs frozen cosine")
+    ax.set_title(f"{result.config.task}: {result.config.adapter} ({result.config.control}, {result.config.target})")
+    ax.legend()
+    fig.tight_layout()
+    return fig
+
+
+def plot_signal_vs_error(data: StudyData, target: str):
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    from embed_lib.diagnostics import baseline_error
+
+    tr = data.splits["train"]
+    err = baseline_error(tr.s0, tr.y.numpy())
+    fig, ax = plt.subplots(figsize=(4, 3.5))
+    ax.scatter(tr.pair_target[target], err, s=3, alpha=0.3)
+    r = np.corrcoef(tr.pair_target[target], err)[0, 1]
+    ax.set_xlabel(f"{target} target")
+    ax.set_ylabel("|calibrated s0 - y|")
+    ax.set_title(f"{data.task} train: Pearson {r:+.3f}")
+    fig.tight_layout()
+    return fig
+
+
+def log_group(result: GroupResult, data: StudyData, teacher: dict[str, Any] | None = None,
+              plots: bool = True, extra_params: dict[str, Any] | None = None) -> None:
+    """Log one seed group into the active MLflow run."""
+    import matplotlib.pyplot as plt
+    import mlflow
+
+    cfg = result.config
+    mlflow.log_params({**cfg.to_dict(), **(extra_params or {})})
+    mlflow.log_dict(cfg.to_dict(), "config.json")
+    mlflow.log_dict(data.manifest, "encoder_manifest.json")
+    mlflow.set_tags({**git_info(), "command": " ".join([Path(sys.argv[0]).name, *sys.argv[1:]]),
+                     "task": cfg.task, "adapter": cfg.adapter, "control": cfg.control, "target": cfg.target,
+                     **{f"split.{k}": v for k, v in data.split_notes.items()}})
+    if teacher is not None:
+        mlflow.log_dict(teacher, "teacher.json")
+    metrics = {f"baseline/{k}": v for k, v in result.baseline.items()}
+    metrics.update({k: v for k, v in result.summary.items()})
+    metrics.update({"n_parameters": result.n_parameters, "train_seconds": result.seconds})
+    mlflow.log_metrics({k.replace("@", "_"): float(v) for k, v in metrics.items() if np.isfinite(v)})
+    for i, r in enumerate(result.per_seed):  # step = position in the seed group
+        mlflow.log_metrics({f"seed/{k}": float(v) for k, v in r.items() if np.isfinite(v)}, step=i)
+    for h in result.history:
+        mlflow.log_metrics({k: v for k, v in h.items() if k != "epoch"}, step=int(h["epoch"]))
+    if plots:
+        fig = plot_seed_deltas(result)
+        mlflow.log_figure(fig, "plots/seed_deltas.png")
+        plt.close(fig)
+        if cfg.target in data.splits["train"].pair_target:
+            fig = plot_signal_vs_error(data, cfg.target)
+            mlflow.log_figure(fig, "plots/signal_vs_baseline_error.png")
+            plt.close(fig)

@@ -1,0 +1,103 @@
+from __future__ import annotations
+
+import math
+
+import pytest
+import torch
+
+from embed_lib.adapters import CONTROLS, FORMS, PairAdapter, sim_p
+
+S, B, D = 3, 16, 24
+ALL = [(f, c) for f in FORMS for c in CONTROLS[f]]
+
+
+def _inputs(seed=0):
+    g = torch.Generator().manual_seed(seed)
+    xa = torch.randn(B, D, generator=g) * 3
+    xb = xa + torch.randn(B, D, generator=g)  # correlated pairs, norms far from 1
+    return xa.expand(S, B, D), xb.expand(S, B, D)
+
+
+def _perturb(model, seed=1):
+    g = torch.Generator().manual_seed(seed)
+    with torch.no_grad():
+        for p in model.parameters():
+            p.add_(torch.randn(p.shape, generator=g) * 0.3)
+
+
+@pytest.mark.parametrize("form,control", ALL)
+def test_identity_at_initialisation(form, control):
+    xa, xb = _inputs()
+    model = PairAdapter(form, D, [0, 1, 2], control=control, width=8, hidden=8)
+    out = model(xa, xb)
+    cos = torch.nn.functional.cosine_similarity(xa, xb, dim=-1)
+    torch.testing.assert_close(out.s0, cos, atol=1e-6, rtol=0)
+    torch.testing.assert_close(out.score, out.s0, atol=1e-6, rtol=0)
+
+
+@pytest.mark.parametrize("form,control", [fc for fc in ALL if fc[1] != "shuffled"])
+def test_scores_are_symmetric_after_training_moves_weights(form, control):
+    xa, xb = _inputs()
+    model = PairAdapter(form, D, [0, 1, 2], control=control, width=8, hidden=8, gamma=0.3)
+    _perturb(model)
+    ab, ba = model(xa, xb).score, model(xb, xa).score
+    torch.testing.assert_close(ab, ba, atol=1e-6, rtol=0)
+    if form != "baseline":
+        assert (ab - model(xa, xb).s0).abs().max() > 1e-3, "perturbed weights must move the score"
+
+
+def test_pair_residual_is_bounded_by_gamma():
+    xa, xb = _inputs()
+    model = PairAdapter("pair_gated", D, [0, 1, 2], width=8, hidden=8, gamma=0.05)
+    _perturb(model, seed=3)
+    with torch.no_grad():
+        for p in model.parameters():
+            p.mul_(50)  # saturate tanh and sigmoid
+    out = model(xa, xb)
+    assert (out.score - out.s0).abs().max() <= 0.05 + 1e-6
+    assert ((out.gate > 0) & (out.gate < 1) | (out.gate == 0) | (out.gate == 1)).all()
+
+
+def test_sim_p_by_hand():
+    a, b = torch.tensor([3.0, 4.0]), torch.tensor([6.0, 8.0])  # |a| = 5, |b| = 10, a.b = 50
+    assert sim_p(a, b, 1.0).item() == pytest.approx(1.0)
+    assert sim_p(a, b, 0.0).item() == pytest.approx(50.0)
+    assert sim_p(a, b, 0.5).item() == pytest.approx(50 / math.sqrt(50))
+
+
+def test_learned_p_starts_at_its_initial_value_and_moves_the_anchor():
+    xa, xb = _inputs()
+    model = PairAdapter("pair_ungated", D, [0, 1, 2], p=0.5, learn_p=True, width=8, hidden=8)
+    torch.testing.assert_close(model.p, torch.full((3, 1), 0.5))
+    out = model(xa, xb)
+    torch.testing.assert_close(out.s0, sim_p(xa, xb, torch.full((3, 1), 0.5)))
+
+
+def test_seeds_are_independent_models():
+    xa, xb = _inputs()
+    model = PairAdapter("pair_gated", D, [0, 1, 2], width=8, hidden=8)
+    _perturb(model)
+    model(xa, xb).score[0].sum().backward()  # a loss of seed 0 only
+    for name, p in model.named_parameters():
+        if p.grad is not None:
+            assert p.grad[1:].abs().max() == 0, f"{name}: seed 0's loss leaked into other seeds"
+    different = PairAdapter("pair_gated", D, [0, 1, 2], width=8, hidden=8)
+    assert not torch.equal(different.proj.weight[0], different.proj.weight[1]), "each seed its own init"
+    same = PairAdapter("pair_gated", D, [1], width=8, hidden=8)
+    torch.testing.assert_close(same.proj.weight[0], different.proj.weight[1])  # seed 1 alone == seed 1 in a group
+
+
+def test_invalid_form_and_control():
+    with pytest.raises(ValueError, match="Unknown adapter form 'pair'. Valid forms"):
+        PairAdapter("pair", D, [0])
+    with pytest.raises(ValueError, match="Control 'h_only' does not apply to form 'pair_gated'"):
+        PairAdapter("pair_gated", D, [0], control="h_only")
+
+
+def test_vector_scaling_is_not_a_scalar():
+    """A per-sentence positive scalar cancels in the cosine; alpha must vary over dimensions."""
+    xa, xb = _inputs()
+    model = PairAdapter("per_sentence", D, [0, 1, 2], width=8, hidden=8)
+    _perturb(model)
+    out = model(xa, xb)
+    assert (out.score - out.s0).abs().max() > 1e-3

@@ -1,0 +1,39 @@
+"""`python -m embed_lib train` end to end into a real MLflow sqlite store."""
+from __future__ import annotations
+
+import json
+
+import pytest
+
+from embed_lib.cli import main
+
+
+def test_train_logs_config_metrics_and_plots_to_mlflow(tmp_path, stsb_embedded, capsys):
+    import mlflow
+
+    uri = f"sqlite:///{tmp_path / 'mlflow.db'}"
+    code = main(["train", "--task", "stsb", "--adapter", "pair_gated", "--target", "lexical", "--seeds", "2",
+                 "--epochs", "2", "--limit", "300", "--tracking-uri", uri, "--experiment", "t"])
+    assert code == 0
+    out = capsys.readouterr().out
+    assert "| seed | best epoch | val baseline" in out and "/2 positive" in out
+    client = mlflow.MlflowClient(uri)
+    (run,) = client.search_runs([client.get_experiment_by_name("t").experiment_id])
+    assert run.data.params["adapter"] == "pair_gated" and run.data.params["gamma"] == "0.1"
+    assert {"delta_val_mean", "delta_test_mean", "baseline/test/spearman", "train/gate_fit_mean"} <= set(run.data.metrics)
+    assert len(client.get_metric_history(run.info.run_id, "seed/delta_val")) == 2  # one point per seed
+    assert len(client.get_metric_history(run.info.run_id, "val_delta_mean")) == 2  # one point per epoch
+    assert run.data.tags["git_commit"] and run.data.tags["split.test"].endswith("first 300 pairs")
+    paths = {a.path for a in client.list_artifacts(run.info.run_id)}
+    assert {"config.json", "encoder_manifest.json", "plots"} <= paths
+    plots = {a.path for a in client.list_artifacts(run.info.run_id, "plots")}
+    assert plots == {"plots/seed_deltas.png", "plots/signal_vs_baseline_error.png"}
+    cfg = json.loads(open(client.download_artifacts(run.info.run_id, "config.json", str(tmp_path))).read())
+    assert cfg["target"] == "lexical" and cfg["n_seeds"] == 2
+
+
+def test_train_rejects_bad_options(capsys):
+    assert main(["train", "--task", "stsb", "--gamma", "3", "--no-mlflow"]) == 2
+    assert "AdapterConfig.gamma=3.0 is out of range" in capsys.readouterr().err
+    assert main(["train", "--task", "stsb", "--target", "ce_margin", "--no-teacher", "--no-mlflow"]) == 2
+    assert "--target ce_margin needs the teacher" in capsys.readouterr().err

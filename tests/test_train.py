@@ -1,0 +1,95 @@
+from __future__ import annotations
+
+import dataclasses
+
+import numpy as np
+import pytest
+
+from embed_lib.config import AdapterConfig
+from embed_lib.train import prepare_study, train_seed_group
+
+
+@pytest.fixture(scope="module")
+def small(stsb_embedded):
+    """STS-B with the first 400 train / 200 validation / 200 test pairs (fast, real vectors)."""
+    from embed_lib.cache import EmbeddedSplit, EmbeddedTask
+
+    keep = {"train": 400, "validation": 200, "test": 200}
+    splits = {k: EmbeddedSplit(s.data.subset(keep[k]), s.ia[: keep[k]], s.ib[: keep[k]])
+              for k, s in stsb_embedded.splits.items()}
+    return prepare_study(EmbeddedTask("stsb", stsb_embedded.vectors, stsb_embedded.texts, splits,
+                                      stsb_embedded.manifest))
+
+
+def _cfg(**kw):
+    return AdapterConfig(**{**dict(adapter="pair_gated", target="lexical", epochs=3, batch_size=32, n_seeds=3,
+                                   width=16, hidden=16), **kw})
+
+
+def test_deterministic_for_a_seed(small):
+    a, b = train_seed_group(_cfg(), small), train_seed_group(_cfg(), small)
+    assert [r["delta_val"] for r in a.per_seed] == [r["delta_val"] for r in b.per_seed]
+
+
+def test_a_seed_in_a_group_equals_the_seed_alone(small):
+    group = train_seed_group(_cfg(), small)
+    alone = train_seed_group(_cfg(seed0=1, n_seeds=1), small)
+    assert alone.per_seed[0]["delta_test"] == pytest.approx(group.per_seed[1]["delta_test"], abs=1e-5)
+
+
+def test_baseline_form_has_zero_delta(small):
+    r = train_seed_group(_cfg(adapter="baseline", target="none"), small)
+    assert all(x["delta_val"] == 0 and x["delta_test"] == 0 for x in r.per_seed)
+    assert r.baseline["test/spearman"] == pytest.approx(
+        float(np.corrcoef(np.argsort(np.argsort(small.splits["test"].s0)),
+                          np.argsort(np.argsort(small.splits["test"].y.numpy())))[0, 1]), abs=1e-3)
+
+
+def test_summary_and_history(small):
+    r = train_seed_group(_cfg(), small)
+    d = np.array([x["delta_val"] for x in r.per_seed])
+    assert r.summary["delta_val_mean"] == pytest.approx(d.mean())
+    assert r.summary["delta_val_positive"] == int((d > 0).sum())
+    assert r.summary["delta_val_min"] == pytest.approx(d.min())
+    assert [h["epoch"] for h in r.history] == [1, 2, 3]
+    assert all(1 <= x["best_epoch"] <= 3 for x in r.per_seed)
+    assert "train/gate_fit" in r.per_seed[0] and "test/gate_fit" in r.per_seed[0]
+    assert r.n_parameters > 0 and set(r.state_dict)
+
+
+@pytest.mark.parametrize("overrides", [
+    dict(adapter="pair_ungated", target="none"),
+    dict(control="shuffled"), dict(control="constant", target="none"),
+    dict(adapter="per_sentence", target="surface"), dict(adapter="per_sentence", control="global", target="none"),
+    dict(adapter="per_sentence_preserving", control="h_only", target="none"),
+    dict(loss="logistic"), dict(loss="mse"), dict(learn_p=True, p=0.5), dict(lambda_mod=0.1),
+])
+def test_every_form_control_and_loss_trains(small, overrides):
+    r = train_seed_group(_cfg(**overrides), small)
+    assert np.isfinite([x["val/spearman"] for x in r.per_seed]).all()
+    if overrides.get("learn_p"):
+        assert all(0 < x["p"] < 1 for x in r.per_seed)
+
+
+def test_shuffled_gate_does_not_fit_its_target_better(small):
+    real = train_seed_group(_cfg(epochs=4, lambda_c=100.0), small)
+    shuffled = train_seed_group(_cfg(epochs=4, lambda_c=100.0, control="shuffled"), small)
+    assert real.summary["train/gate_fit_mean"] > shuffled.summary["train/gate_fit_mean"] + 0.1
+
+
+def test_missing_target_is_a_clear_error(small):
+    with pytest.raises(ValueError, match="Difficulty target 'ce_margin' is not available.*needs teacher scores"):
+        train_seed_group(_cfg(target="ce_margin"), small)
+
+
+def test_config_validation_names_field_and_range():
+    with pytest.raises(ValueError, match=r"AdapterConfig.gamma=2.0 is out of range; allowed \[0.0, 1.0\]"):
+        AdapterConfig(gamma=2.0)
+    with pytest.raises(ValueError, match=r"Unknown difficulty target 'foo'. Valid targets: \['ce_margin', 'lexical', 'none', 'surface'\]"):
+        AdapterConfig(target="foo")
+    with pytest.raises(ValueError, match="needs a difficulty target"):
+        AdapterConfig(adapter="pair_gated", target="none")
+    with pytest.raises(ValueError, match=r"Unknown AdapterConfig field\(s\) \['gama'\]"):
+        AdapterConfig.from_dict({"gama": 0.1})
+    cfg = AdapterConfig()
+    assert AdapterConfig.from_dict(dataclasses.asdict(cfg)) == cfg
