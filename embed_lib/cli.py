@@ -201,10 +201,9 @@ def cmd_train(args: argparse.Namespace) -> int:
     if not args.no_mlflow:
         import mlflow
 
-        from embed_lib.tracking import default_tracking_uri, log_group
+        from embed_lib.tracking import default_tracking_uri, log_group, set_experiment
 
-        mlflow.set_tracking_uri(args.tracking_uri or default_tracking_uri())
-        mlflow.set_experiment(args.experiment or f"embed_lib-{args.task}")
+        set_experiment(args.experiment or f"embed_lib-{args.task}", args.tracking_uri or default_tracking_uri())
         with mlflow.start_run(run_name=f"{cfg.adapter}-{cfg.control}-{cfg.target}") as run:
             log_group(result, data, record)
         print(f"MLflow run {run.info.run_id} at {mlflow.get_tracking_uri()}")

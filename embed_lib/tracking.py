@@ -104,3 +104,29 @@ def log_group(result: GroupResult, data: StudyData, teacher: dict[str, Any] | No
             fig = plot_signal_vs_error(data, cfg.target)
             mlflow.log_figure(fig, "plots/signal_vs_baseline_error.png")
             plt.close(fig)
+
+
+def default_artifact_root(tracking_uri: str) -> str:
+    """$MLFLOW_ARTIFACT_ROOT, else `mlartifacts/` beside a sqlite file. Absolute, because Ray jobs run in a
+    temporary copy of the working directory and a relative `./mlruns` would vanish with it."""
+    root = os.environ.get("MLFLOW_ARTIFACT_ROOT")
+    if root:
+        return root
+    if tracking_uri.startswith("sqlite:///"):
+        return str(Path(tracking_uri[len("sqlite:///"):]).absolute().parent / "mlartifacts")
+    return str((Path.cwd() / "mlartifacts").absolute())
+
+
+def set_experiment(name: str, tracking_uri: str | None = None):
+    """mlflow.set_experiment, creating the experiment with an absolute artifact location if it is new."""
+    import mlflow
+
+    uri = tracking_uri or mlflow.get_tracking_uri()
+    mlflow.set_tracking_uri(uri)
+    if mlflow.get_experiment_by_name(name) is None:
+        try:
+            mlflow.create_experiment(name, artifact_location=Path(default_artifact_root(uri)).as_uri())
+        except Exception:  # created concurrently by another process: use theirs
+            if mlflow.get_experiment_by_name(name) is None:
+                raise
+    return mlflow.set_experiment(name)

@@ -97,6 +97,10 @@ class GroupResult:
                 "|---|---|---|---|---|---|---|---|"]
         b = self.baseline
         for seed, r in zip(self.config.seeds, self.per_seed):
+            if "delta_test" not in r:
+                rows.append(f"| {seed} | {r['best_epoch']} | {b['val/spearman']:.4f} | {r['val/spearman']:.4f} | "
+                            f"{r['delta_val']:+.4f} | | | |")
+                continue
             rows.append(f"| {seed} | {r['best_epoch']} | {b['val/spearman']:.4f} | {r['val/spearman']:.4f} | "
                         f"{r['delta_val']:+.4f} | {b['test/spearman']:.4f} | {r['test/spearman']:.4f} | "
                         f"{r['delta_test']:+.4f} |")
@@ -133,8 +137,14 @@ def score_split(model: PairAdapter, X: torch.Tensor, sp: SplitTensors) -> tuple[
 
 
 def train_seed_group(cfg: AdapterConfig, data: StudyData,
-                     on_epoch: Callable[[int, dict[str, float]], None] | None = None) -> GroupResult:
-    """Fit every seed of `cfg` as one batched model; see module docstring."""
+                     on_epoch: Callable[[int, dict[str, float]], None] | None = None,
+                     evaluate_test: bool = True) -> GroupResult:
+    """Fit every seed of `cfg` as one batched model; see module docstring.
+
+    on_epoch(epoch, {'val_delta_mean', 'val_delta_min', 'val_spearman_mean'}) is called after every
+    epoch (Tune reports through it). evaluate_test=False leaves the test split untouched (sweeps select
+    on validation and evaluate test once, for the winner).
+    """
     if cfg.target not in ("none", *data.targets):
         raise ValueError(f"Difficulty target {cfg.target!r} is not available for this study; available: "
                          f"{data.targets} (ce_margin needs teacher scores).")
@@ -211,9 +221,12 @@ def train_seed_group(cfg: AdapterConfig, data: StudyData,
         model.load_state_dict(best)
 
     torch.manual_seed(cfg.seed0 + 10_000)
-    per_seed, baseline = [[{} for _ in seeds], {}]
+    per_seed, baseline, ensemble = [[{} for _ in seeds], {}, {}]
     splits_out: dict[str, tuple[np.ndarray, np.ndarray | None]] = {}
-    for split, prefix in (("validation", "val"), ("test", "test"), ("train", "train")):
+    eval_splits = (("validation", "val"), ("test", "test"), ("train", "train"))
+    if not evaluate_test:
+        eval_splits = (("validation", "val"), ("train", "train"))
+    for split, prefix in eval_splits:
         sp = data.splits[split]
         scores, aux = score_split(model, X, sp)
         splits_out[split] = (scores, aux)
@@ -224,19 +237,25 @@ def train_seed_group(cfg: AdapterConfig, data: StudyData,
             for k in range(S):
                 thr_k = per_seed[k].get("val/threshold_acc") if split == "test" else thr
                 per_seed[k].update(evaluate(scores[k], y, data.binary, prefix, threshold=thr_k))
+            # the served model: the mean score over the seed group
+            ensemble.update(evaluate(scores.mean(0), y, data.binary, prefix))
     for k in range(S):
         r = per_seed[k]
         r["delta_val"] = r[f"val/{PRIMARY_METRIC}"] - baseline[f"val/{PRIMARY_METRIC}"]
-        r["delta_test"] = r[f"test/{PRIMARY_METRIC}"] - baseline[f"test/{PRIMARY_METRIC}"]
+        if evaluate_test:
+            r["delta_test"] = r[f"test/{PRIMARY_METRIC}"] - baseline[f"test/{PRIMARY_METRIC}"]
         r["best_epoch"] = int(best_epoch[k])
         if cfg.target != "none" and splits_out["train"][1] is not None:
             for split, prefix in (("train", "train"), ("test", "test")):
+                if split not in splits_out:
+                    continue
                 aux = splits_out[split][1][k]
                 target = data.splits[split].pair_target[cfg.target]
                 r[f"{prefix}/gate_fit"] = _pearson(aux, target)
         if cfg.learn_p:
             r["p"] = float(model.p[k].item())
     summary = summarize(per_seed)
+    summary.update({f"ensemble/{k}": v for k, v in ensemble.items() if k.endswith(PRIMARY_METRIC)})
     return GroupResult(cfg, per_seed, baseline, history, summary,
                        {k: v.detach().clone() for k, v in model.state_dict().items()},
                        time.perf_counter() - t0, model.n_parameters())
@@ -246,6 +265,8 @@ def summarize(per_seed: list[dict[str, float]]) -> dict[str, float]:
     """mean / std / min / count positive of the per-seed deltas, and mean gate fit."""
     out: dict[str, float] = {}
     for key in ("delta_val", "delta_test"):
+        if key not in per_seed[0]:
+            continue
         v = np.array([r[key] for r in per_seed])
         out.update({f"{key}_mean": float(v.mean()), f"{key}_std": float(v.std(ddof=1)) if len(v) > 1 else 0.0,
                     f"{key}_min": float(v.min()), f"{key}_positive": int((v > 0).sum())})

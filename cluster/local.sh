@@ -1,0 +1,67 @@
+#!/usr/bin/env bash
+# A local Ray cluster of this project's own: bound to 127.0.0.1, its own temp dir and ports, started
+# as one process group so that `stop` ends exactly what `start` began (never `ray stop`, which kills
+# every Ray process on the machine).
+#
+#   cluster/local.sh start | stop | status | submit -- python sweeps/pair_residual.py --task stsb
+#
+# Environment: VENV (.venv), EMBED_RAY_DIR (.cache/ray_local), RAY_PORT (6390), RAY_DASHBOARD_PORT (8265),
+# RAY_NUM_CPUS (all cores), RAY_AUTH_TOKEN_PATH ($EMBED_RAY_DIR/auth_token, made on first start). `submit` forwards EMBED_DATA_DIR, EMBED_CACHE_DIR, EMBED_STORAGE_DIR,
+# MLFLOW_TRACKING_URI and HF_HUB_OFFLINE to the job as absolute paths.
+set -euo pipefail
+ROOT="$(cd "$(dirname "$0")/.." && pwd)"
+VENV="${VENV:-$ROOT/.venv}"
+STATE="${EMBED_RAY_DIR:-$ROOT/.cache/ray_local}"
+PORT="${RAY_PORT:-6390}"
+DASH="${RAY_DASHBOARD_PORT:-8265}"
+PIDFILE="$STATE/head.pid"
+export PATH="$VENV/bin:$PATH"  # job entrypoints (`python ...`) resolve to the project's interpreter
+# token authentication on: the cluster and every client of it read this project's own token file
+export RAY_AUTH_MODE=token RAY_AUTH_TOKEN_PATH="${RAY_AUTH_TOKEN_PATH:-$STATE/auth_token}"
+ensure_token() {
+  mkdir -p "$(dirname "$RAY_AUTH_TOKEN_PATH")"
+  [[ -s "$RAY_AUTH_TOKEN_PATH" ]] || (umask 077; python3 -c 'import secrets; print(secrets.token_hex(32), end="")' >"$RAY_AUTH_TOKEN_PATH")
+}
+
+running() { [[ -f "$PIDFILE" ]] && kill -0 "$(cat "$PIDFILE")" 2>/dev/null; }
+
+case "${1:-}" in
+  start)
+    if running; then echo "local Ray already running (pgid $(cat "$PIDFILE")), dashboard http://127.0.0.1:$DASH"; exit 0; fi
+    mkdir -p "$STATE/tmp"
+    ensure_token
+    setsid ray start --head --block --node-ip-address=127.0.0.1 --port="$PORT" \
+      --dashboard-host=127.0.0.1 --dashboard-port="$DASH" --temp-dir="$STATE/tmp" \
+      ${RAY_NUM_CPUS:+--num-cpus=$RAY_NUM_CPUS} --disable-usage-stats >"$STATE/head.log" 2>&1 &
+    echo $! >"$PIDFILE"
+    for _ in $(seq 1 120); do
+      if curl -sf -H "Authorization: Bearer $(cat "$RAY_AUTH_TOKEN_PATH")" "http://127.0.0.1:$DASH/api/version" >/dev/null 2>&1; then
+        echo "local Ray up: address 127.0.0.1:$PORT, dashboard/jobs http://127.0.0.1:$DASH"; exit 0; fi
+      running || { echo "ray start failed; see $STATE/head.log" >&2; tail -20 "$STATE/head.log" >&2; exit 1; }
+      sleep 1
+    done
+    echo "local Ray did not answer on :$DASH within 120 s; see $STATE/head.log" >&2; exit 1 ;;
+  stop)
+    if running; then
+      pgid="$(cat "$PIDFILE")"
+      kill -TERM -- "-$pgid" 2>/dev/null || true
+      for _ in $(seq 1 30); do kill -0 -- "-$pgid" 2>/dev/null || break; sleep 1; done
+      kill -KILL -- "-$pgid" 2>/dev/null || true
+      echo "local Ray stopped"
+    else
+      echo "local Ray not running"
+    fi
+    rm -f "$PIDFILE" ;;
+  status)
+    if running; then echo "running (pgid $(cat "$PIDFILE")), dashboard http://127.0.0.1:$DASH"; else echo "stopped"; exit 1; fi ;;
+  submit)
+    shift; [[ "${1:-}" == "--" ]] && shift
+    env_json=$(python3 -c 'import json, os, sys
+keys = ["EMBED_DATA_DIR", "EMBED_CACHE_DIR", "EMBED_STORAGE_DIR", "MLFLOW_TRACKING_URI", "MLFLOW_ARTIFACT_ROOT", "HF_HUB_OFFLINE"]
+print(json.dumps({"working_dir": ".", "excludes": json.load(open(sys.argv[1]))["excludes"],
+                  "env_vars": {k: os.environ[k] for k in keys if os.environ.get(k)}}))' "$ROOT/cluster/runtime_env.json")
+    cd "$ROOT"
+    exec ray job submit --address "http://127.0.0.1:$DASH" --runtime-env-json "$env_json" -- "$@" ;;
+  *)
+    echo "usage: $0 start | stop | status | submit -- COMMAND..." >&2; exit 2 ;;
+esac

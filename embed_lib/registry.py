@@ -1,0 +1,72 @@
+"""The MLflow Model Registry side: log a trained seed group as a model, move the aliases, load it back.
+
+Registered name: `pair-residual-<task>`. A new version gets the alias `champion` only if its
+validation Spearman (the served ensemble's) beats the current champion's; otherwise `challenger`.
+"""
+from __future__ import annotations
+
+import tempfile
+from pathlib import Path
+from typing import Any
+
+from embed_lib.export import load_adapter, save_adapter
+from embed_lib.train import GroupResult, StudyData
+
+MODEL_FILE = Path(__file__).with_name("mlflow_model.py")
+PACKAGE_DIR = Path(__file__).parent
+SELECTION_METRIC = "ensemble/val/spearman"
+
+
+def model_name(task: str) -> str:
+    return f"pair-residual-{task}"
+
+
+def log_adapter_model(result: GroupResult, data: StudyData, name: str = "model",
+                      registered_name: str | None = None) -> Any:
+    """Log the group as a pyfunc model into the active run; returns MLflow's ModelInfo."""
+    import mlflow
+
+    metrics = {**result.summary, **{f"baseline/{k}": v for k, v in result.baseline.items()}}
+    with tempfile.TemporaryDirectory() as tmp:
+        adapter_dir = save_adapter(Path(tmp) / "adapter", result.config, result.state_dict, data.manifest,
+                                   int(data.X.shape[1]), metrics)
+        return mlflow.pyfunc.log_model(
+            name=name, python_model=str(MODEL_FILE), artifacts={"adapter": str(adapter_dir)},
+            code_paths=[str(PACKAGE_DIR)], registered_model_name=registered_name,
+            pip_requirements=["torch", "numpy", "pandas", "safetensors", "scipy", "scikit-learn",
+                              "sentence-transformers", "mlflow"])
+
+
+def promote(name: str, version: str | int, val_metric: float, client=None) -> str:
+    """Tag the version with its validation metric and set `champion` if it beats the current one, else
+    `challenger`. Returns the alias set."""
+    import mlflow
+    from mlflow.exceptions import MlflowException
+
+    client = client or mlflow.MlflowClient()
+    client.set_model_version_tag(name, str(version), "val_spearman", f"{val_metric:.6f}")
+    try:
+        current = client.get_model_version_by_alias(name, "champion")
+        current_metric = float(current.tags.get("val_spearman", "-inf"))
+    except MlflowException:
+        current, current_metric = None, float("-inf")
+    alias = "champion" if current is None or val_metric > current_metric else "challenger"
+    client.set_registered_model_alias(name, alias, str(version))
+    return alias
+
+
+def download_adapter(model_uri: str, dst: str | Path | None = None) -> Path:
+    """Download a logged / registered model (runs:/..., models:/name@alias) and return its adapter dir."""
+    import mlflow
+
+    local = Path(mlflow.artifacts.download_artifacts(artifact_uri=model_uri, dst_path=str(dst) if dst else None))
+    adapter = local / "artifacts" / "adapter"
+    if not adapter.is_dir():
+        raise FileNotFoundError(f"{model_uri} has no artifacts/adapter directory; was it logged by "
+                                "embed_lib.registry.log_adapter_model?")
+    return adapter
+
+
+def load_registered(model_uri: str):
+    """(model, config, manifest) of a registered adapter, read from safetensors + JSON."""
+    return load_adapter(download_adapter(model_uri))

@@ -1,0 +1,64 @@
+"""Sweep the pair-level residual adapter (DESIGN.md section 4) with Ray Tune + Optuna, tracked in MLflow.
+
+    python sweeps/pair_residual.py --task stsb [--smoke-test]
+    ray job submit --address http://127.0.0.1:8265 --working-dir . -- python sweeps/pair_residual.py --task stsb
+
+Hyperparameters
+  scientific: adapter form (gated / ungated), difficulty target, gamma, tau, normalisation exponent p
+              (fixed 1 or learned from 0.5), lambda_c, lambda_mod, tau_attn (from --tau-attn-values)
+  nuisance:   learning rate, weight decay, width, epochs
+  fixed:      encoder, task, data split, loss (CoSENT), batch size 128, seed group (--seeds, seeds 0..n-1)
+Every trial trains its whole seed group and reports mean / std / min / count positive of the
+validation delta against the frozen cosine; the winner must be positive on every seed.
+"""
+from __future__ import annotations
+
+import argparse
+import json
+import sys
+from pathlib import Path
+
+sys.path.insert(0, str(Path(__file__).resolve().parents[1]))  # the repo root: `python sweeps/x.py` puts sweeps/ first
+from sweeps.tune_helpers import add_sweep_args, run_sweep  # noqa: E402
+
+FIXED = {"loss": "cosent", "batch_size": 128, "control": "none", "hidden": 128, "alpha0": 0.5}
+SPACE_KEYS = ["adapter", "target", "gamma", "tau", "learn_p", "lambda_c", "lambda_mod", "lr", "weight_decay",
+              "width", "epochs", "tau_attn"]
+
+
+def space(trial, tau_attn_values=(1.0,), targets=("ce_margin", "lexical"), fixed=()) -> dict:
+    """Optuna define-by-run space; returns the constants implied by the choices. Keys in `fixed` are not searched."""
+    constants = {}
+    # scientific
+    adapter = trial.suggest_categorical("adapter", ["pair_gated", "pair_ungated"])
+    if adapter == "pair_gated":
+        trial.suggest_categorical("target", [t for t in targets if t in ("ce_margin", "lexical")])
+        trial.suggest_float("lambda_c", 0.1, 100.0, log=True)
+    else:
+        constants.update(target="none", lambda_c=0.0)
+    trial.suggest_float("gamma", 0.02, 0.3, log=True)
+    trial.suggest_float("tau", 0.02, 0.2, log=True)
+    learn_p = trial.suggest_categorical("learn_p", [False, True])
+    constants["p"] = 0.5 if learn_p else 1.0
+    trial.suggest_categorical("lambda_mod", [0.0, 0.01, 0.1])
+    if len(tau_attn_values) > 1:
+        trial.suggest_categorical("tau_attn", tau_attn_values)
+    # nuisance
+    trial.suggest_float("lr", 3e-4, 3e-3, log=True)
+    trial.suggest_float("weight_decay", 1e-4, 0.1, log=True)
+    trial.suggest_categorical("width", [64, 128, 256])
+    if "epochs" not in fixed:
+        trial.suggest_int("epochs", 4, 12)
+    return constants
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    add_sweep_args(parser, default_samples=24)
+    args = parser.parse_args()
+    out = run_sweep(args, "pair_residual", space, SPACE_KEYS, FIXED)
+    print(json.dumps({k: v for k, v in out.items() if k not in ("summary", "config")}, default=str))
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,62 @@
+"""Sweep the per-sentence complexity-scaling forms against their controls under one budget
+(DESIGN.md section 2: the negative result must be reproducible), on the pair_residual machinery.
+
+    python sweeps/per_sentence.py --task stsb [--smoke-test]
+
+Hyperparameters
+  scientific: form (per_sentence / per_sentence_preserving), control (none, h_only, constant, global,
+              shuffled), difficulty target (surface, lexical, ce_margin), alpha0, gamma (preserving mix),
+              tau, lambda_c, lambda_mod
+  nuisance:   learning rate, weight decay, width, epochs
+  fixed:      encoder, task, data split, loss (CoSENT), p = 1 (cosine), batch size 128, seed group
+The leaderboard shows whether any complexity-conditioned form beats its constant / shuffled controls.
+"""
+from __future__ import annotations
+
+import argparse
+import json
+import sys
+from pathlib import Path
+
+sys.path.insert(0, str(Path(__file__).resolve().parents[1]))  # the repo root: `python sweeps/x.py` puts sweeps/ first
+from sweeps.tune_helpers import add_sweep_args, run_sweep  # noqa: E402
+
+FIXED = {"loss": "cosent", "batch_size": 128, "p": 1.0, "learn_p": False, "hidden": 128}
+SPACE_KEYS = ["adapter", "control", "target", "alpha0", "gamma", "tau", "lambda_c", "lambda_mod", "lr",
+              "weight_decay", "width", "epochs"]
+
+
+def space(trial, tau_attn_values=(1.0,), targets=("surface", "lexical", "ce_margin"), fixed=()) -> dict:
+    """Optuna define-by-run space; returns the constants implied by the choices."""
+    constants = {}
+    # scientific
+    trial.suggest_categorical("adapter", ["per_sentence", "per_sentence_preserving"])
+    control = trial.suggest_categorical("control", ["none", "h_only", "constant", "global", "shuffled"])
+    if control in ("none", "shuffled"):
+        trial.suggest_categorical("target", [t for t in targets if t in ("surface", "lexical", "ce_margin")])
+        trial.suggest_float("lambda_c", 0.1, 100.0, log=True)
+    else:
+        constants.update(target="none", lambda_c=0.0)
+    trial.suggest_float("alpha0", 0.1, 0.9)
+    trial.suggest_float("gamma", 0.05, 0.5, log=True)
+    trial.suggest_float("tau", 0.02, 0.2, log=True)
+    trial.suggest_categorical("lambda_mod", [0.0, 0.01, 0.1])
+    # nuisance
+    trial.suggest_float("lr", 3e-4, 3e-3, log=True)
+    trial.suggest_float("weight_decay", 1e-4, 0.1, log=True)
+    trial.suggest_categorical("width", [64, 128, 256])
+    if "epochs" not in fixed:
+        trial.suggest_int("epochs", 4, 12)
+    return constants
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    add_sweep_args(parser, default_samples=24)
+    args = parser.parse_args()
+    out = run_sweep(args, "per_sentence", space, SPACE_KEYS, FIXED)
+    print(json.dumps({k: v for k, v in out.items() if k not in ("summary", "config")}, default=str))
+
+
+if __name__ == "__main__":
+    main()
