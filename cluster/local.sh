@@ -6,6 +6,7 @@
 #   cluster/local.sh start | stop | status | submit -- python sweeps/pair_residual.py --task stsb
 #
 # Environment: VENV (.venv), EMBED_RAY_DIR (.cache/ray_local), RAY_PORT (6390), RAY_DASHBOARD_PORT (8265),
+# RAY_CLIENT_PORT, RAY_AGENT_PORT, RAY_AGENT_GRPC_PORT, RAY_RUNTIME_ENV_AGENT_PORT, RAY_METRICS_PORT (Ray's defaults),
 # RAY_NUM_CPUS (all cores), RAY_AUTH_TOKEN_PATH ($EMBED_RAY_DIR/auth_token, made on first start). `submit` forwards EMBED_DATA_DIR, EMBED_CACHE_DIR, EMBED_STORAGE_DIR,
 # MLFLOW_TRACKING_URI and HF_HUB_OFFLINE to the job as absolute paths.
 set -euo pipefail
@@ -30,9 +31,16 @@ case "${1:-}" in
     if running; then echo "local Ray already running (pgid $(cat "$PIDFILE")), dashboard http://127.0.0.1:$DASH"; exit 0; fi
     mkdir -p "$STATE/tmp"
     ensure_token
+    # every port can be set, so that two clusters (a developer's and the tests') never collide
     setsid ray start --head --block --node-ip-address=127.0.0.1 --port="$PORT" \
       --dashboard-host=127.0.0.1 --dashboard-port="$DASH" --temp-dir="$STATE/tmp" \
-      ${RAY_NUM_CPUS:+--num-cpus=$RAY_NUM_CPUS} --disable-usage-stats >"$STATE/head.log" 2>&1 &
+      ${RAY_NUM_CPUS:+--num-cpus=$RAY_NUM_CPUS} \
+      ${RAY_CLIENT_PORT:+--ray-client-server-port=$RAY_CLIENT_PORT} \
+      ${RAY_AGENT_PORT:+--dashboard-agent-listen-port=$RAY_AGENT_PORT} \
+      ${RAY_AGENT_GRPC_PORT:+--dashboard-agent-grpc-port=$RAY_AGENT_GRPC_PORT} \
+      ${RAY_RUNTIME_ENV_AGENT_PORT:+--runtime-env-agent-port=$RAY_RUNTIME_ENV_AGENT_PORT} \
+      ${RAY_METRICS_PORT:+--metrics-export-port=$RAY_METRICS_PORT} \
+      --disable-usage-stats >"$STATE/head.log" 2>&1 &
     echo $! >"$PIDFILE"
     for _ in $(seq 1 120); do
       if curl -sf -H "Authorization: Bearer $(cat "$RAY_AUTH_TOKEN_PATH")" "http://127.0.0.1:$DASH/api/version" >/dev/null 2>&1; then
@@ -61,7 +69,19 @@ keys = ["EMBED_DATA_DIR", "EMBED_CACHE_DIR", "EMBED_STORAGE_DIR", "MLFLOW_TRACKI
 print(json.dumps({"working_dir": ".", "excludes": json.load(open(sys.argv[1]))["excludes"],
                   "env_vars": {k: os.environ[k] for k in keys if os.environ.get(k)}}))' "$ROOT/cluster/runtime_env.json")
     cd "$ROOT"
-    exec ray job submit --address "http://127.0.0.1:$DASH" --runtime-env-json "$env_json" -- "$@" ;;
+    id="embed-$(date +%Y%m%d-%H%M%S)-$$"
+    # right after `start` the job agent may not have registered yet: retry that one refusal
+    for attempt in $(seq 1 60); do
+      if out=$(ray job submit --address "http://127.0.0.1:$DASH" --submission-id "$id" --no-wait \
+               --runtime-env-json "$env_json" -- "$@" 2>&1); then break; fi
+      if [[ "$out" != *"No available agent"* || $attempt == 60 ]]; then echo "$out" >&2; exit 1; fi
+      sleep 2
+    done
+    ray job logs --address "http://127.0.0.1:$DASH" --follow "$id" || true
+    status=$(ray job status --address "http://127.0.0.1:$DASH" "$id" 2>&1 | grep -io "succeeded\|failed\|stopped" | tail -1 || true)
+    status="${status^^}"
+    echo "Job '$id' ${status:-UNKNOWN}"
+    [[ "$status" == "SUCCEEDED" ]] ;;
   *)
     echo "usage: $0 start | stop | status | submit -- COMMAND..." >&2; exit 2 ;;
 esac

@@ -44,13 +44,13 @@ def promote(name: str, version: str | int, val_metric: float, client=None) -> st
     from mlflow.exceptions import MlflowException
 
     client = client or mlflow.MlflowClient()
-    client.set_model_version_tag(name, str(version), "val_spearman", f"{val_metric:.6f}")
+    client.set_model_version_tag(name, str(version), "val_spearman", repr(float(val_metric)))  # full precision
     try:
         current = client.get_model_version_by_alias(name, "champion")
         current_metric = float(current.tags.get("val_spearman", "-inf"))
     except MlflowException:
         current, current_metric = None, float("-inf")
-    alias = "champion" if current is None or val_metric > current_metric else "challenger"
+    alias = "champion" if current is None or float(val_metric) > current_metric + 1e-12 else "challenger"
     client.set_registered_model_alias(name, alias, str(version))
     return alias
 

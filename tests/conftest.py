@@ -38,3 +38,40 @@ def stsb_embedded(data_dir):
     lazy = LazyEncoder(EncoderConfig())
     cache = EmbeddingCache(lazy.manifest(CACHE_DIR), CACHE_DIR)
     return embed_task(load_splits("stsb", data_dir=data_dir), cache, lazy)
+
+
+def free_ports(n: int) -> list[int]:
+    """n distinct free ports (all sockets held open until every port is chosen)."""
+    import socket
+
+    socks = [socket.socket() for _ in range(n)]
+    try:
+        for s in socks:
+            s.bind(("127.0.0.1", 0))
+        return [s.getsockname()[1] for s in socks]
+    finally:
+        for s in socks:
+            s.close()
+
+
+@pytest.fixture(scope="session")
+def ray_cluster(tmp_path_factory):
+    """A real local Ray cluster of the tests' own (own state dir, ports and token), stopped at the end.
+
+    Yields the environment that clients (`cluster/local.sh submit`, `ray.init`) need to reach it.
+    """
+    import subprocess
+
+    state = tmp_path_factory.mktemp("ray")
+    names = ("RAY_PORT", "RAY_DASHBOARD_PORT", "RAY_CLIENT_PORT", "RAY_AGENT_PORT", "RAY_AGENT_GRPC_PORT",
+             "RAY_RUNTIME_ENV_AGENT_PORT", "RAY_METRICS_PORT")
+    env = dict(os.environ, EMBED_RAY_DIR=str(state), RAY_NUM_CPUS="2", VENV=str(Path(os.sys.executable).parents[1]),
+               **{k: str(p) for k, p in zip(names, free_ports(len(names)))})
+    script = REPO / "cluster" / "local.sh"
+    subprocess.run([str(script), "start"], env=env, check=True, timeout=180)
+    env.update(RAY_AUTH_MODE="token", RAY_AUTH_TOKEN_PATH=str(state / "auth_token"),
+               RAY_ADDRESS=f"127.0.0.1:{env['RAY_PORT']}")
+    try:
+        yield env
+    finally:
+        subprocess.run([str(script), "stop"], env=env, timeout=120)
