@@ -8,9 +8,14 @@ STAMP := $(VENV)/.installed
 export HF_HUB_OFFLINE ?= 1
 export EMBED_DATA_DIR ?= $(abspath ../shared/data)
 export EMBED_CACHE_DIR ?= $(abspath .cache/embed_lib)
+export EMBED_STORAGE_DIR ?= $(abspath .cache/ray_results)
+export MLFLOW_TRACKING_URI ?= sqlite:///$(abspath mlflow.db)
+export MLFLOW_ARTIFACT_ROOT ?= $(abspath mlartifacts)
 TASK ?= stsb
+SWEEP_ARGS ?=
+MLFLOW_PORT ?= 5000
 
-.PHONY: venv run baseline test test-slow bench clean
+.PHONY: venv run sweep smoke cluster-start cluster-stop mlflow-ui baseline study test test-slow bench clean
 
 venv: $(STAMP)
 $(STAMP): pyproject.toml
@@ -20,12 +25,37 @@ $(STAMP): pyproject.toml
 	$(BIN)/pip install -q -e '.[dev]'
 	touch $(STAMP)
 
-## main job: for now the frozen-baseline evaluation of all four tasks
+## main job: local Ray cluster -> `ray job submit` of the STS-B sweep -> champion in the MLflow registry
 run: venv
-	$(BIN)/python -m embed_lib baseline --task all
+	@started=0; cluster/local.sh status >/dev/null 2>&1 || { cluster/local.sh start && started=1; }; \
+	cluster/local.sh submit -- python sweeps/pair_residual.py --task $(TASK) $(SWEEP_ARGS); rc=$$?; \
+	[[ $$started == 1 ]] && cluster/local.sh stop; \
+	echo "MLflow store: $(MLFLOW_TRACKING_URI) -- browse it with: make mlflow-ui (http://127.0.0.1:$(MLFLOW_PORT))"; \
+	exit $$rc
+
+## the same sweep in this process (a local Ray started by the script), no job submission
+sweep: venv
+	$(BIN)/python sweeps/pair_residual.py --task $(TASK) $(SWEEP_ARGS)
+
+smoke: venv
+	$(BIN)/python sweeps/pair_residual.py --task $(TASK) --smoke-test
+
+cluster-start: venv
+	cluster/local.sh start
+
+cluster-stop:
+	cluster/local.sh stop
+
+mlflow-ui: venv
+	MLFLOW_SERVER_ENABLE_JOB_EXECUTION=false $(BIN)/mlflow server --host 127.0.0.1 --port $(MLFLOW_PORT) \
+	  --backend-store-uri $(MLFLOW_TRACKING_URI) --default-artifact-root $(MLFLOW_ARTIFACT_ROOT)
 
 baseline: venv
 	$(BIN)/python -m embed_lib baseline --task $(TASK)
+
+## the reference comparison on all four tasks -> results/study_all.md
+study: venv
+	$(BIN)/python -m embed_lib study --task all --out results/study_all.md
 
 test: venv
 	$(BIN)/python -m pytest -q
@@ -36,6 +66,8 @@ test-slow: venv
 bench: venv
 	$(BIN)/python benchmarks/encode_throughput.py
 	$(BIN)/python benchmarks/baseline_cache.py
+	$(BIN)/python benchmarks/seed_group.py
+	$(BIN)/python benchmarks/tune_overhead.py
 
 clean:
 	rm -rf .cache benchmarks/out

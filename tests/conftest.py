@@ -1,6 +1,7 @@
 from __future__ import annotations
 
 import os
+import tempfile
 from pathlib import Path
 
 import pytest
@@ -9,6 +10,10 @@ os.environ.setdefault("HF_HUB_OFFLINE", "1")
 REPO = Path(__file__).resolve().parents[1]
 DATA_DIR = Path(os.environ.get("EMBED_DATA_DIR", REPO.parent / "shared" / "data")).absolute()
 os.environ["EMBED_DATA_DIR"] = str(DATA_DIR)
+# Ray token authentication for the tests' own cluster: decided before anything imports ray, because Ray
+# reads RAY_AUTH_MODE once per process (the file itself is written when the cluster starts)
+os.environ.setdefault("RAY_AUTH_MODE", "token")
+os.environ.setdefault("RAY_AUTH_TOKEN_PATH", str(Path(tempfile.mkdtemp(prefix="embed-ray-")) / "auth_token"))
 # tests share one embedding cache (the encodes are the slow part); Makefile sets the same default
 CACHE_DIR = Path(os.environ.setdefault("EMBED_CACHE_DIR", str(REPO / ".cache" / "embed_lib")))
 
@@ -69,8 +74,7 @@ def ray_cluster(tmp_path_factory):
                **{k: str(p) for k, p in zip(names, free_ports(len(names)))})
     script = REPO / "cluster" / "local.sh"
     subprocess.run([str(script), "start"], env=env, check=True, timeout=180)
-    env.update(RAY_AUTH_MODE="token", RAY_AUTH_TOKEN_PATH=str(state / "auth_token"),
-               RAY_ADDRESS=f"127.0.0.1:{env['RAY_PORT']}")
+    env.update(RAY_ADDRESS=f"127.0.0.1:{env['RAY_PORT']}")
     try:
         yield env
     finally:

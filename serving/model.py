@@ -1,0 +1,78 @@
+"""Loading the served model from the MLflow registry (safetensors + JSON, never unpickled)."""
+from __future__ import annotations
+
+import json
+import os
+import re
+from typing import Any
+
+
+def _client(tracking_uri: str | None):
+    import mlflow
+
+    if tracking_uri:
+        mlflow.set_tracking_uri(tracking_uri)
+    return mlflow.MlflowClient(tracking_uri or os.environ.get("MLFLOW_TRACKING_URI"))
+
+
+def registry_info(model_uri: str, tracking_uri: str | None) -> dict[str, Any]:
+    """name / version / alias of a models:/name@alias or models:/name/version URI ({} otherwise)."""
+    m = re.fullmatch(r"models:/([^/@]+)(?:@([^/]+)|/(\d+))", model_uri)
+    if not m:
+        return {"name": model_uri, "version": None, "alias": None}
+    name, alias, version = m.groups()
+    client = _client(tracking_uri)
+    mv = client.get_model_version_by_alias(name, alias) if alias else client.get_model_version(name, version)
+    return {"name": name, "version": str(mv.version), "alias": alias, "aliases": list(mv.aliases),
+            "run_id": mv.run_id}
+
+
+def pinned_uri(model_uri: str, tracking_uri: str | None) -> str:
+    """models:/name@alias -> models:/name/<version the alias points at now>; other URIs unchanged."""
+    info = registry_info(model_uri, tracking_uri)
+    if info.get("alias") and info.get("version"):
+        return f"models:/{info['name']}/{info['version']}"
+    return model_uri
+
+
+def resolve_manifest(model_uri: str, tracking_uri: str | None) -> dict[str, Any]:
+    """The encoder manifest of a registered adapter; raises if it does not match the encoder available here."""
+    from embed_lib.cache import cache_key
+    from embed_lib.config import EncoderConfig, default_cache_dir
+    from embed_lib.encoders import encoder_manifest
+    from embed_lib.registry import download_adapter
+
+    _client(tracking_uri)
+    try:
+        adapter_dir = download_adapter(model_uri)
+    except Exception as exc:
+        raise ValueError(f"Cannot load {model_uri!r} from MLflow ({tracking_uri or 'default tracking URI'}): {exc}. "
+                         "Check model_uri (models:/<name>@<alias>) and tracking_uri.") from exc
+    manifest = json.loads((adapter_dir / "encoder_manifest.json").read_text())
+    here = encoder_manifest(EncoderConfig(model=manifest["encoder"], revision=manifest.get("revision"),
+                                          tau_attn=manifest["tau_attn"], max_seq_length=manifest["max_seq_length"]),
+                            default_cache_dir())
+    if cache_key(here) != cache_key(manifest):
+        diff = {k: (manifest.get(k), here.get(k)) for k in here if manifest.get(k) != here.get(k) and k != "versions"}
+        raise ValueError(f"Refusing to serve {model_uri}: its encoder differs from the one available here "
+                         f"(field: (trained, serving) = {diff}). Serve it where its encoder is installed, or retrain.")
+    return manifest
+
+
+def load_model(model_uri: str, tracking_uri: str | None):
+    """(adapter model, info) with info = registry name/version/alias, config, validation metrics, encoder."""
+    from embed_lib.cache import cache_key
+    from embed_lib.export import load_adapter
+    from embed_lib.registry import download_adapter
+
+    _client(tracking_uri)
+    adapter_dir = download_adapter(model_uri)
+    model, config, manifest = load_adapter(adapter_dir)
+    metrics = json.loads((adapter_dir / "metrics.json").read_text()) if (adapter_dir / "metrics.json").exists() else {}
+    info = {**registry_info(model_uri, tracking_uri), "model_uri": model_uri, "task": config.task,
+            "adapter": config.adapter, "target": config.target, "n_seeds": config.n_seeds,
+            "encoder": {k: manifest.get(k) for k in ("encoder", "revision", "weights_fingerprint", "pooling",
+                                                     "tau_attn", "max_seq_length", "dim")},
+            "validation": {k: v for k, v in metrics.items() if "val" in k and isinstance(v, (int, float))},
+            "encoder_key": cache_key(manifest)}
+    return model, info
