@@ -12,7 +12,7 @@ import pandas as pd
 #: shown first in every leaderboard
 LEADERBOARD_COLUMNS = ["trial", "adapter", "control", "target", "gamma", "tau", "p", "learn_p", "lambda_c",
                        "lambda_mod", "lr", "weight_decay", "width", "epochs", "delta_val_mean", "delta_val_std",
-                       "delta_val_min", "delta_val_positive", "n_seeds", "val/gate_fit_mean"]
+                       "delta_val_min", "delta_val_positive", "n_seeds", "train/gate_fit_mean"]
 
 
 def leaderboard(rows: Sequence[dict[str, Any]]) -> pd.DataFrame:

@@ -107,6 +107,14 @@ class GroupResult:
         return "\n".join(rows)
 
 
+def _on_device(data: StudyData, dev: torch.device) -> StudyData:
+    if data.X.device == dev:
+        return data
+    splits = {k: SplitTensors(s.ia.to(dev), s.ib.to(dev), s.y.to(dev), s.s0, s.pair_target) for k, s in data.splits.items()}
+    return StudyData(data.task, data.binary, data.X.to(dev), splits, data.sentence_target, data.manifest,
+                     data.split_notes)
+
+
 def _spearman_rows(scores: np.ndarray, y: np.ndarray) -> np.ndarray:
     return np.array([stats.spearmanr(s, y).statistic for s in scores])
 
@@ -133,12 +141,12 @@ def score_split(model: PairAdapter, X: torch.Tensor, sp: SplitTensors) -> tuple[
         elif out.c_a is not None:
             aux.append((out.c_a + out.c_b) / 2)
     model.train()
-    return torch.cat(scores, 1).numpy(), (torch.cat(aux, 1).numpy() if aux else None)
+    return torch.cat(scores, 1).cpu().numpy(), (torch.cat(aux, 1).cpu().numpy() if aux else None)
 
 
 def train_seed_group(cfg: AdapterConfig, data: StudyData,
                      on_epoch: Callable[[int, dict[str, float]], None] | None = None,
-                     evaluate_test: bool = True) -> GroupResult:
+                     evaluate_test: bool = True, device: str | None = None) -> GroupResult:
     """Fit every seed of `cfg` as one batched model; see module docstring.
 
     on_epoch(epoch, {'val_delta_mean', 'val_delta_min', 'val_spearman_mean'}) is called after every
@@ -151,14 +159,16 @@ def train_seed_group(cfg: AdapterConfig, data: StudyData,
     t0 = time.perf_counter()
     torch.manual_seed(cfg.seed0)
     seeds, S = cfg.seeds, cfg.n_seeds
+    dev = torch.device(device or "cpu")
+    data = _on_device(data, dev)
     X, tr, va = data.X, data.splits["train"], data.splits["validation"]
     d = X.shape[1]
     model = PairAdapter(cfg.adapter, d, seeds, control=cfg.control, width=cfg.width, hidden=cfg.hidden,
-                        gamma=cfg.gamma, alpha0=cfg.alpha0, p=cfg.p, learn_p=cfg.learn_p)
+                        gamma=cfg.gamma, alpha0=cfg.alpha0, p=cfg.p, learn_p=cfg.learn_p).to(dev)
     params = list(model.parameters())
     center = None
     if cfg.loss == "logistic":
-        center = torch.nn.Parameter(torch.full((S, 1), float(np.mean(tr.s0))))
+        center = torch.nn.Parameter(torch.full((S, 1), float(np.mean(tr.s0)), device=dev))
         params.append(center)
     opt = torch.optim.AdamW(params, lr=cfg.lr, weight_decay=cfg.weight_decay, foreach=True) if params else None
 
@@ -167,13 +177,14 @@ def train_seed_group(cfg: AdapterConfig, data: StudyData,
     pair_t = sent_t = None
     if cfg.target != "none":
         pair_t = torch.from_numpy(tr.pair_target[cfg.target]).float().expand(S, -1).clone()  # (S, n)
-        sent_t = torch.from_numpy(data.sentence_target[cfg.target]).float()
+        sent_t = torch.from_numpy(data.sentence_target[cfg.target]).float().to(dev)
         if cfg.control == "shuffled" and cfg.adapter == "pair_gated":
             # the shuffled-target control: same gate, targets permuted over the train pairs per seed
             pair_t = torch.stack([pair_t[k, torch.randperm(n, generator=g)] for k, g in enumerate(gens)])
+        pair_t = pair_t.to(dev)
     supervise_gate = cfg.adapter == "pair_gated" and cfg.control != "constant" and cfg.lambda_c > 0
     supervise_c = cfg.adapter.startswith("per_sentence") and cfg.control in ("none", "shuffled") and cfg.lambda_c > 0
-    y_val = va.y.numpy()
+    y_val = va.y.cpu().numpy()
     base_val = float(stats.spearmanr(va.s0, y_val).statistic)
 
     best = {k: v.detach().clone() for k, v in model.state_dict().items()}
@@ -182,7 +193,7 @@ def train_seed_group(cfg: AdapterConfig, data: StudyData,
     history: list[dict[str, float]] = []
     steps = max(1, n // cfg.batch_size)  # drop the ragged last batch: CoSENT needs several pairs
     for epoch in range(1, cfg.epochs + 1 if opt is not None else 1):
-        order = torch.stack([torch.randperm(n, generator=g) for g in gens])  # (S, n) each seed its own order
+        order = torch.stack([torch.randperm(n, generator=g) for g in gens]).to(dev)  # (S, n) each its own order
         for step in range(steps):
             idx = order[:, step * cfg.batch_size: (step + 1) * cfg.batch_size]  # (S, B)
             ia, ib, y = tr.ia[idx], tr.ib[idx], tr.y[idx]
@@ -207,7 +218,7 @@ def train_seed_group(cfg: AdapterConfig, data: StudyData,
         val = _spearman_rows(val_scores, y_val)
         better = val > best_val
         if better.any():
-            mask = torch.from_numpy(better)
+            mask = torch.from_numpy(better).to(dev)
             for k, v in model.state_dict().items():
                 if v.dim() > 0 and v.shape[0] == S:
                     best[k][mask] = v.detach()[mask]
@@ -230,7 +241,7 @@ def train_seed_group(cfg: AdapterConfig, data: StudyData,
         sp = data.splits[split]
         scores, aux = score_split(model, X, sp)
         splits_out[split] = (scores, aux)
-        y = sp.y.numpy()
+        y = sp.y.cpu().numpy()
         if split != "train":
             thr = None
             baseline.update(evaluate(sp.s0, y, data.binary, prefix))
@@ -257,7 +268,7 @@ def train_seed_group(cfg: AdapterConfig, data: StudyData,
     summary = summarize(per_seed)
     summary.update({f"ensemble/{k}": v for k, v in ensemble.items() if k.endswith(PRIMARY_METRIC)})
     return GroupResult(cfg, per_seed, baseline, history, summary,
-                       {k: v.detach().clone() for k, v in model.state_dict().items()},
+                       {k: v.detach().cpu().clone() for k, v in model.state_dict().items()},
                        time.perf_counter() - t0, model.n_parameters())
 
 
@@ -271,7 +282,8 @@ def summarize(per_seed: list[dict[str, float]]) -> dict[str, float]:
         out.update({f"{key}_mean": float(v.mean()), f"{key}_std": float(v.std(ddof=1)) if len(v) > 1 else 0.0,
                     f"{key}_min": float(v.min()), f"{key}_positive": int((v > 0).sum())})
     for key in ("val/spearman", "test/spearman", "train/gate_fit", "test/gate_fit"):
-        if key in per_seed[0]:
-            out[f"{key}_mean"] = float(np.nanmean([r[key] for r in per_seed]))
+        values = np.array([r[key] for r in per_seed if key in r], dtype=float)
+        if np.isfinite(values).any():  # a constant gate has no fit to report
+            out[f"{key}_mean"] = float(np.nanmean(values))
     out["n_seeds"] = len(per_seed)
     return out

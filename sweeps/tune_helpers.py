@@ -49,17 +49,23 @@ def parse_grid(items: list[str], file: str | None) -> dict[str, list[Any]]:
     return grid
 
 
-def precompute(task: str, encoder, teacher, data_dir, cache_dir, limit: int | None):
-    """StudyData and teacher record, computed in a Ray task (on a GPU worker when there is one)."""
+def precompute(task: str, encoder, teacher, data_dir, cache_dir, limit: int | None, workers: int = 1):
+    """StudyData and teacher record, computed before any trial: the sentences are encoded by a pool of
+    `workers` Ray actors (one GPU each when the cluster has GPUs) into the shared cache, then one Ray task
+    assembles the study (and trains / reads the held-out teacher, on a GPU when there is one)."""
+    from embed_lib.distributed import precompute_embeddings
     from embed_lib.study import load_study
 
     gpus = 1 if ray.cluster_resources().get("GPU", 0) >= 1 else 0
+    precompute_embeddings(task, encoder, data_dir=data_dir, cache_dir=cache_dir, workers=workers, use_gpu=bool(gpus),
+                          limit=limit)
     task_fn = ray.remote(num_cpus=1, num_gpus=gpus)(
         lambda: load_study(task, encoder, teacher, data_dir=data_dir, cache_dir=cache_dir, limit=limit))
     return ray.get(task_fn.remote())
 
 
-def trial(config: dict[str, Any], data=None, fixed: dict[str, Any] | None = None, threads: int = 1) -> None:
+def trial(config: dict[str, Any], data=None, fixed: dict[str, Any] | None = None, threads: int = 1,
+          use_gpu: bool = False) -> None:
     """One Tune trial: the whole seed group of one configuration."""
     import torch
 
@@ -71,14 +77,16 @@ def trial(config: dict[str, Any], data=None, fixed: dict[str, Any] | None = None
     if isinstance(data, dict):  # several encoder attention temperatures were precomputed
         data = data[tau_attn if tau_attn is not None else next(iter(data))]
     cfg = AdapterConfig.from_dict({**config, **(fixed or {})})  # fixed values win (the smoke test caps epochs)
-    result = train_seed_group(cfg, data, on_epoch=lambda epoch, h: tune.report(dict(h)), evaluate_test=False)
+    device = "cuda" if use_gpu and torch.cuda.is_available() else "cpu"
+    result = train_seed_group(cfg, data, on_epoch=lambda epoch, h: tune.report(dict(h)), evaluate_test=False,
+                              device=device)
     final = {k: float(v) for k, v in result.summary.items() if k in FINAL_KEYS}
     tune.report({**final, METRIC: result.summary["delta_val_mean"], "final": 1,
                  "per_seed": json.dumps(result.per_seed), "seconds": result.seconds})
 
 
 def make_trainable(data, fixed: dict[str, Any], cpus: float, gpus: float):
-    fn = tune.with_parameters(trial, data=data, fixed=fixed, threads=max(1, int(cpus)))
+    fn = tune.with_parameters(trial, data=data, fixed=fixed, threads=max(1, int(cpus)), use_gpu=gpus > 0)
     return tune.with_resources(fn, {"cpu": cpus, "gpu": gpus})
 
 
@@ -295,6 +303,8 @@ def add_sweep_args(p, *, default_samples: int) -> None:
     p.add_argument("--resume", action="store_true", help="continue an interrupted sweep of the same --name")
     p.add_argument("--data-dir", default=None, help="data mirror (default $EMBED_DATA_DIR; unset: the Hub)")
     p.add_argument("--cache-dir", default=None, help="embedding cache (default $EMBED_CACHE_DIR)")
+    p.add_argument("--encode-workers", type=int, default=1,
+                   help="Ray actors that encode sentences before the trials (one GPU each on GPU clusters)")
     p.add_argument("--epochs", type=int, default=None, help="fix the epochs instead of searching them")
     p.add_argument("--limit", type=int, default=None, help="first N pairs of every split")
     p.add_argument("--smoke-test", action="store_true",
@@ -345,7 +355,7 @@ def run_sweep(args, script: str, space_fn, space_keys: list[str], fixed: dict[st
     studies, record = {}, None
     for tau in taus:
         studies[tau], record = precompute(args.task, EncoderConfig(model=args.encoder, tau_attn=tau), teacher,
-                                          args.data_dir, str(cache_dir), limit)
+                                          args.data_dir, str(cache_dir), limit, args.encode_workers)
     first = studies[taus[0]]
     if not args.resume:
         mlflow.log_params({"search": args.search, "num_samples": args.num_samples, "seeds": args.seeds,

@@ -1,0 +1,164 @@
+"""Serving benchmark: closed-loop load from a second process on loopback, bounded in time.
+
+Starts its own Ray (2 CPUs) and Serve on 127.0.0.1, registers a small STS-B adapter in a temporary
+MLflow store, and measures pairs/s and p50/p99 latency at concurrency 1, 8, 32 with 1 and 32 pairs per
+request for (a) the adapter with a warm embedding cache, (b) cold (every sentence new: encoding
+needed), (c) a cross-encoder served the same way; plus the adapter called in-process (no Serve).
+Targets on 2 cores: warm adapter >= 40x the cross-encoder's pairs/s; p99 <= 100 ms at c=8, 32 pairs.
+"""
+from __future__ import annotations
+
+import argparse
+import json
+import multiprocessing as mp
+import os
+import statistics
+import sys
+import tempfile
+import time
+
+from _common import REPO, write_results
+
+sys.path.insert(0, str(REPO))
+
+
+def _load(url: str, body_fn, concurrency: int, seconds: float, out: mp.Queue) -> None:
+    """Closed loop in a separate process: `concurrency` threads, each sends its next request on a reply."""
+    import concurrent.futures as cf
+    import threading
+
+    import requests
+
+    lat, pairs, errors, stop = [], [0], [0], time.time() + seconds
+    lock = threading.Lock()
+
+    def worker(k: int) -> None:
+        s, i = requests.Session(), 0
+        while time.time() < stop:
+            body, n = body_fn(k, i)
+            t = time.perf_counter()
+            r = s.post(url, json=body, timeout=120)
+            dt = time.perf_counter() - t
+            with lock:
+                if r.status_code == 200:
+                    lat.append(dt)
+                    pairs[0] += n
+                else:
+                    errors[0] += 1
+            i += 1
+
+    t0 = time.time()
+    with cf.ThreadPoolExecutor(concurrency) as pool:
+        list(pool.map(worker, range(concurrency)))
+    wall = time.time() - t0
+    lat.sort()
+    out.put({"requests": len(lat), "errors": errors[0], "pairs_per_s": pairs[0] / wall,
+             "p50_ms": 1000 * statistics.median(lat) if lat else None,
+             "p99_ms": 1000 * lat[min(len(lat) - 1, int(0.99 * len(lat)))] if lat else None})
+
+
+class Bodies:
+    """Picklable request factories (the load runs in another process)."""
+
+    def __init__(self, kind: str, sentences: list[str], n_pairs: int, scorer: str = "adapter") -> None:
+        self.kind, self.sentences, self.n, self.scorer = kind, sentences, n_pairs, scorer
+
+    def __call__(self, k: int, i: int):
+        if self.kind == "cold":  # sentences never seen before: the encoder must run
+            pairs = [[f"cold {k}-{i}-{j}: {self.sentences[j % len(self.sentences)]}",
+                      f"cold {k}-{i}-{j}b {self.sentences[(j + 1) % len(self.sentences)]}"] for j in range(self.n)]
+        else:
+            m = len(self.sentences)
+            pairs = [[self.sentences[(k * 97 + i * 31 + j) % m], self.sentences[(k * 13 + i * 7 + j + 1) % m]]
+                     for j in range(self.n)]
+        return {"pairs": pairs, "scorer": self.scorer}, self.n
+
+
+def run_load(url, bodies, concurrency, seconds):
+    q = mp.get_context("spawn").Queue()
+    p = mp.get_context("spawn").Process(target=_load, args=(url, bodies, concurrency, seconds, q))
+    p.start()
+    res = q.get(timeout=seconds + 300)
+    p.join()
+    return res
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser(description=__doc__)
+    ap.add_argument("--seconds", type=float, default=6.0, help="per measurement (default 6)")
+    ap.add_argument("--quick", action="store_true", help="fewer cells (c=1,8; 1 and 32 pairs)")
+    args = ap.parse_args()
+    import mlflow
+    import numpy as np
+    import ray
+    import requests
+    from ray import serve
+
+    from embed_lib.config import AdapterConfig
+    from embed_lib.export import ensemble_scores
+    from embed_lib.registry import log_adapter_model, promote
+    from embed_lib.study import load_study
+    from embed_lib.train import train_seed_group
+    from serving.app import build_app
+
+    tmp = tempfile.mkdtemp()
+    tracking = f"sqlite:///{tmp}/mlflow.db"
+    mlflow.set_tracking_uri(tracking)
+    data, _ = load_study("stsb")
+    result = train_seed_group(AdapterConfig(adapter="pair_gated", target="lexical", epochs=3), data)
+    with mlflow.start_run():
+        info = log_adapter_model(result, data, registered_name="pair-residual-stsb")
+    promote("pair-residual-stsb", info.registered_model_version, result.summary["ensemble/val/spearman"])
+    from embed_lib.tasks import load_task
+
+    sentences = load_task("stsb", "validation").texts()[:2000]
+    # in-process reference: the adapter on cached vectors, no Serve, no HTTP
+    from embed_lib.registry import load_registered
+
+    model, _, _ = load_registered("models:/pair-residual-stsb@champion")
+    xa = np.random.default_rng(0).standard_normal((32, data.X.shape[1])).astype(np.float32)
+    t, n = time.perf_counter(), 0
+    while time.perf_counter() - t < 2.0:
+        ensemble_scores(model, xa, xa[::-1])
+        n += 32
+    in_process = n / (time.perf_counter() - t)
+
+    ray.init(num_cpus=2, include_dashboard=False, log_to_driver=False)
+    serve.start(http_options={"host": "127.0.0.1", "port": 8123})
+    serve.run(build_app({"model_uri": "models:/pair-residual-stsb@champion", "tracking_uri": tracking,
+                         "cross_encoder": os.environ.get("BENCH_CROSS_ENCODER", "minilm"),
+                         "max_inflight": 256, "max_pairs": 64}), name="bench", route_prefix="/")
+    url = "http://127.0.0.1:8123/v1/score"
+    requests.post("http://127.0.0.1:8123/v1/warm", json={"texts": sentences}, timeout=600)
+    cells = [(c, p) for c in (1, 8, 32) for p in (1, 32)]
+    if args.quick:
+        cells = [(c, p) for c in (1, 8) for p in (1, 32)]
+    rows = []
+    for kind, scorer in (("warm", "adapter"), ("cold", "adapter"), ("warm", "cross_encoder")):
+        for c, p in cells:
+            if scorer == "cross_encoder" and c == 32:
+                continue  # a 2-core cross-encoder at c=32 only measures its queue
+            res = run_load(url, Bodies(kind, sentences, p, scorer), c, args.seconds)
+            row = {"path": f"{kind} {scorer}", "concurrency": c, "pairs_per_request": p,
+                   **{k: (round(v, 2) if isinstance(v, float) else v) for k, v in res.items()}}
+            rows.append(row)
+            print(json.dumps(row))
+    serve.shutdown()
+    ray.shutdown()
+
+    def best(path):
+        return max(r["pairs_per_s"] for r in rows if r["path"] == path)
+
+    warm, ce = best("warm adapter"), best("warm cross_encoder")
+    target_cell = next((r for r in rows if r["path"] == "warm adapter" and r["concurrency"] == 8
+                        and r["pairs_per_request"] == 32), None)
+    write_results("serve_bench", {
+        "seconds_per_cell": args.seconds, "rows": rows, "in_process_adapter_pairs_per_s": round(in_process, 1),
+        "best_warm_adapter_pairs_per_s": warm, "best_cross_encoder_pairs_per_s": ce,
+        "warm_over_cross_encoder": round(warm / ce, 1), "target_ratio": 40,
+        "p99_ms_c8_32pairs_warm": target_cell and target_cell["p99_ms"], "target_p99_ms": 100,
+        "serve_overhead_in_process_over_served": round(in_process / warm, 1)})
+
+
+if __name__ == "__main__":
+    main()

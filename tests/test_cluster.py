@@ -1,0 +1,90 @@
+"""cluster/: every manifest parses, has what its tool needs, and agrees with the one source of versions."""
+from __future__ import annotations
+
+import json
+import re
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+import yaml
+
+ROOT = Path(__file__).resolve().parents[1]
+CLUSTER = ROOT / "cluster"
+
+
+def ray_pin() -> str:
+    (pin,) = re.findall(r'"ray\[tune,serve\]==([0-9.]+)"', (ROOT / "pyproject.toml").read_text())
+    return pin
+
+
+def load(name: str) -> dict:
+    return yaml.safe_load((CLUSTER / name).read_text())
+
+
+@pytest.mark.parametrize("name", ["aws.yaml", "gcp.yaml"])
+def test_ray_up_configs(name):
+    cfg = load(name)
+    for key in ("cluster_name", "provider", "available_node_types", "head_node_type", "setup_commands",
+                "head_start_ray_commands", "worker_start_ray_commands"):
+        assert key in cfg, f"{name} lacks {key}"
+    types = cfg["available_node_types"]
+    assert cfg["head_node_type"] in types and types[cfg["head_node_type"]]["resources"] == {"CPU": 0}
+    gpu = types["gpu_worker"]
+    assert gpu["min_workers"] == 0 and gpu["max_workers"] >= 1  # autoscaling from zero
+    node = json.dumps(gpu["node_config"])
+    assert "g5." in node or "guestAccelerators" in node
+    assert all("RAY_AUTH_MODE=token" in c for c in cfg["head_start_ray_commands"] if c.strip() != "ray stop")
+    assert "--dashboard-host=127.0.0.1" in " ".join(cfg["head_start_ray_commands"])
+
+
+def test_kuberay_manifests_have_required_fields():
+    cluster, job = load("kuberay/raycluster.yaml"), load("kuberay/rayjob.yaml")
+    service = load("kuberay/rayservice.yaml")
+    for m, kind in ((cluster, "RayCluster"), (job, "RayJob"), (service, "RayService")):
+        assert m["apiVersion"] == "ray.io/v1" and m["kind"] == kind and m["metadata"]["name"]
+    assert job["spec"]["entrypoint"].startswith("python sweeps/pair_residual.py")
+    assert cluster["spec"]["headGroupSpec"]["template"]["spec"]["containers"]
+    gpu = cluster["spec"]["workerGroupSpecs"][0]["template"]["spec"]["containers"][0]["resources"]["limits"]
+    assert gpu["nvidia.com/gpu"] == "1"
+
+
+def test_one_source_of_versions():
+    pin = ray_pin()
+    for path in [*CLUSTER.glob("*.yaml"), *CLUSTER.glob("kuberay/*.yaml")]:
+        text = path.read_text()
+        for tag in re.findall(r"rayproject/ray:([\w.\-]+)", text):
+            assert tag.split("-")[0] == pin, f"{path.name}: image rayproject/ray:{tag} != pyproject ray {pin}"
+            assert "-py311" in tag, f"{path.name}: image {tag} is not the project's Python (3.11)"
+        for v in re.findall(r'rayVersion:\s*"?([0-9.]+)"?', text):
+            assert v == pin, f"{path.name}: rayVersion {v} != {pin}"
+        for v in re.findall(r"ray\[tune,serve\]==([0-9.]+)", text):
+            assert v == pin, f"{path.name}: pip pin {v} != {pin}"
+
+
+def test_rayservice_is_generated_from_serving_config():
+    check = subprocess.run([sys.executable, str(CLUSTER / "gen_rayservice.py"), "--check"], capture_output=True, text=True)
+    assert check.returncode == 0, check.stderr
+    embedded = yaml.safe_load(load("kuberay/rayservice.yaml")["spec"]["serveConfigV2"])
+    source = yaml.safe_load((ROOT / "serving" / "config.yaml").read_text())
+    assert embedded["http_options"].pop("host") == "0.0.0.0" and source["http_options"].pop("host") == "127.0.0.1"
+    assert embedded == source
+
+
+def test_serving_config_is_valid_for_the_app_builder():
+    from serving.app import AppArgs
+
+    (app,) = yaml.safe_load((ROOT / "serving" / "config.yaml").read_text())["applications"]
+    assert app["import_path"] == "serving.app:build_app"
+    args = AppArgs.model_validate(app["args"])
+    assert args.encoder.num_cpus < 1 and args.scorer.num_cpus < 1  # fractional CPUs on small machines
+
+
+def test_local_script_and_runtime_env():
+    assert subprocess.run(["bash", "-n", str(CLUSTER / "local.sh")]).returncode == 0
+    excludes = json.loads((CLUSTER / "runtime_env.json").read_text())["excludes"]
+    assert {".venv", ".git", ".cache", "results"} <= set(excludes)
+    text = (CLUSTER / "local.sh").read_text()
+    assert "ray stop" not in text.replace("never `ray stop`", "")  # stops its own process group only
+    assert "--dashboard-host=127.0.0.1" in text and "RAY_AUTH_MODE=token" in text
