@@ -15,7 +15,7 @@ TASK ?= stsb
 SWEEP_ARGS ?=
 MLFLOW_PORT ?= 5000
 
-.PHONY: venv run sweep smoke cluster-start cluster-stop mlflow-ui baseline study test test-slow bench clean
+.PHONY: venv run sweep smoke cluster-start cluster-stop mlflow-ui baseline study test bench chaos clean
 
 venv: $(STAMP)
 $(STAMP): pyproject.toml
@@ -60,14 +60,16 @@ study: venv
 test: venv
 	$(BIN)/python -m pytest -q
 
-test-slow: venv
-	$(BIN)/python -m pytest -q -m slow
-
 bench: venv
 	$(BIN)/python benchmarks/encode_throughput.py
 	$(BIN)/python benchmarks/baseline_cache.py
 	$(BIN)/python benchmarks/seed_group.py
 	$(BIN)/python benchmarks/tune_overhead.py
+	$(BIN)/python benchmarks/serve_bench.py
+
+## fault injection: a trial worker and a Serve replica killed mid-run (results/benchmarks/chaos.json)
+chaos: venv
+	$(BIN)/python benchmarks/chaos.py
 
 clean:
 	rm -rf .cache benchmarks/out

@@ -13,13 +13,11 @@ The leaderboard shows whether any complexity-conditioned form beats its constant
 """
 from __future__ import annotations
 
-import argparse
-import json
 import sys
 from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))  # the repo root: `python sweeps/x.py` puts sweeps/ first
-from sweeps.tune_helpers import add_sweep_args, run_sweep  # noqa: E402
+from sweeps.tune_helpers import suggest_nuisance, sweep_main  # noqa: E402
 
 FIXED = {"loss": "cosent", "batch_size": 128, "p": 1.0, "learn_p": False, "hidden": 128}
 SPACE_KEYS = ["adapter", "control", "target", "alpha0", "gamma", "tau", "lambda_c", "lambda_mod", "lr",
@@ -41,22 +39,9 @@ def space(trial, tau_attn_values=(1.0,), targets=("surface", "lexical", "ce_marg
     trial.suggest_float("gamma", 0.05, 0.5, log=True)
     trial.suggest_float("tau", 0.02, 0.2, log=True)
     trial.suggest_categorical("lambda_mod", [0.0, 0.01, 0.1])
-    # nuisance
-    trial.suggest_float("lr", 3e-4, 3e-3, log=True)
-    trial.suggest_float("weight_decay", 1e-4, 0.1, log=True)
-    trial.suggest_categorical("width", [64, 128, 256])
-    if "epochs" not in fixed:
-        trial.suggest_int("epochs", 4, 12)
+    suggest_nuisance(trial, fixed)
     return constants
 
 
-def main() -> None:
-    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    add_sweep_args(parser, default_samples=24)
-    args = parser.parse_args()
-    out = run_sweep(args, "per_sentence", space, SPACE_KEYS, FIXED)
-    print(json.dumps({k: v for k, v in out.items() if k not in ("summary", "config")}, default=str))
-
-
 if __name__ == "__main__":
-    main()
+    sweep_main(__doc__, "per_sentence", space, SPACE_KEYS, FIXED)

@@ -93,8 +93,10 @@ def make_trainable(data, fixed: dict[str, Any], cpus: float, gpus: float):
 class MLflowTrialCallback(tune.Callback):
     """Child MLflow runs for trials, written from the driver only (see module docstring)."""
 
-    def __init__(self, tracking_uri: str, experiment_id: str, parent_run_id: str) -> None:
+    def __init__(self, tracking_uri: str, experiment_id: str, parent_run_id: str,
+                 fixed: dict[str, Any] | None = None) -> None:
         self.tracking_uri, self.experiment_id, self.parent = tracking_uri, experiment_id, parent_run_id
+        self.fixed = dict(fixed or {})  # what the trainable applies over the trial's config
         self.runs: dict[str, str] = {}
 
     @property
@@ -117,8 +119,9 @@ class MLflowTrialCallback(tune.Callback):
             run_id = run.info.run_id
             from mlflow.entities import Param
 
-            self.client.log_batch(run_id, params=[Param(k, str(v)) for k, v in sorted(trial.config.items())])
-            self.client.log_dict(run_id, dict(trial.config), "config.json")
+            config = {**trial.config, **self.fixed}  # the configuration that actually trains
+            self.client.log_batch(run_id, params=[Param(k, str(v)) for k, v in sorted(config.items())])
+            self.client.log_dict(run_id, config, "config.json")
         self.runs[trial.trial_id] = run_id
         return run_id
 
@@ -369,7 +372,7 @@ def run_sweep(args, script: str, space_fn, space_keys: list[str], fixed: dict[st
             mlflow.log_metrics({"teacher/val_spearman": record["validation_spearman"]})
     # 4. the Tuner: Optuna (TPE, seeded) or an explicit grid; ASHA on the seed-group mean val delta
     trainable = make_trainable(studies if len(taus) > 1 else first, fixed, args.cpus_per_trial, args.gpus_per_trial)
-    callback = MLflowTrialCallback(tracking_uri, experiment.experiment_id, parent.info.run_id)
+    callback = MLflowTrialCallback(tracking_uri, experiment.experiment_id, parent.info.run_id, fixed)
     run_config = tune.RunConfig(name=name, storage_path=str(storage), callbacks=[callback],
                                 failure_config=tune.FailureConfig(max_failures=2), verbose=1)
     if args.resume:
@@ -403,3 +406,22 @@ def run_sweep(args, script: str, space_fn, space_keys: list[str], fixed: dict[st
     out.update(parent_run_id=parent.info.run_id, experiment_id=experiment.experiment_id, tracking_uri=tracking_uri)
     print(f"MLflow: {tracking_uri} experiment '{experiment.name}', sweep run {parent.info.run_id}. UI: make mlflow-ui")
     return out
+
+
+def suggest_nuisance(trial, fixed=()) -> None:
+    """The nuisance hyperparameters every sweep tunes so that comparisons are fair."""
+    trial.suggest_float("lr", 3e-4, 3e-3, log=True)
+    trial.suggest_float("weight_decay", 1e-4, 0.1, log=True)
+    trial.suggest_categorical("width", [64, 128, 256])
+    if "epochs" not in fixed:
+        trial.suggest_int("epochs", 4, MAX_EPOCHS)
+
+
+def sweep_main(doc: str, script: str, space_fn, space_keys: list[str], fixed: dict[str, Any]) -> None:
+    """Command line of an entry script: parse, run the sweep, print its outcome as JSON."""
+    import argparse
+
+    parser = argparse.ArgumentParser(description=doc, formatter_class=argparse.RawDescriptionHelpFormatter)
+    add_sweep_args(parser, default_samples=24)
+    out = run_sweep(parser.parse_args(), script, space_fn, space_keys, fixed)
+    print(json.dumps({k: v for k, v in out.items() if k not in ("summary", "config")}, default=str))

@@ -108,3 +108,15 @@ def test_resume_after_the_driver_is_killed(sweep_env):
     trial_ids = [r.data.tags["trial_id"] for r in runs]
     assert len(trial_ids) == len(set(trial_ids)) == 4, "one MLflow run per trial, none duplicated"
     assert all(r.info.status in ("FINISHED",) for r in runs), [r.info.status for r in runs]
+
+
+def test_per_sentence_sweep_smoke(sweep_env):
+    proc = subprocess.run([sys.executable, "sweeps/per_sentence.py", "--task", "stsb", "--smoke-test", "--no-teacher",
+                           "--experiment", "per-sentence"], env=sweep_env, cwd=REPO, capture_output=True, text=True,
+                          timeout=600)
+    assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-3000:]
+    client = _client(sweep_env)
+    exp = client.get_experiment_by_name("per-sentence")
+    runs = client.search_runs([exp.experiment_id], "tags.trial_id != ''")
+    assert len(runs) == 3 and all(r.data.params["adapter"].startswith("per_sentence") for r in runs)
+    assert all(r.data.params["epochs"] == "2" for r in runs)  # the smoke test fixes epochs; it is not searched
