@@ -1,5 +1,5 @@
 """Fault tolerance, measured: (1) a Tune trial worker killed mid-sweep is retried and the sweep completes;
-(2) a Serve replica killed under load is replaced while the service keeps answering (failed requests
+(2) a Serve ingress (scoring) replica killed under load is replaced while the service keeps answering (failed requests
 counted). The driver-killed / `--resume` case is the integration test tests/test_sweeps.py::
 test_resume_after_the_driver_is_killed. Figures -> results/benchmarks/chaos.json.
 """
@@ -70,7 +70,7 @@ def serve_replica_kill(data, seconds: float = 20.0) -> dict:
     promote("pair-residual-stsb", info.registered_model_version, r.summary["ensemble/val/spearman"])
     serve.start(http_options={"host": "127.0.0.1", "port": 8124})
     serve.run(build_app({"model_uri": "models:/pair-residual-stsb@champion", "tracking_uri": tracking,
-                         "scorer": {"min": 2, "max": 2, "num_cpus": 0.2}, "ingress": {"min": 1, "max": 1, "num_cpus": 0.2},
+                         "ingress": {"min": 2, "max": 2, "num_cpus": 0.3},
                          "encoder": {"min": 1, "max": 1, "num_cpus": 0.4}}), name="chaos", route_prefix="/")
     url = "http://127.0.0.1:8124/v1/score"
     body = {"pairs": [["A man is playing a guitar.", "A man plays the guitar."]] * 8}
@@ -89,20 +89,20 @@ def serve_replica_kill(data, seconds: float = 20.0) -> dict:
     for th in threads:
         th.start()
     time.sleep(seconds / 4)
-    victim = _actors("ServeReplica:chaos:Scorer")[0]
+    victim = _actors("ServeReplica:chaos:Ingress")[0]
     os.kill(victim.pid, signal.SIGKILL)
     t_kill = time.time()
     replaced = None
     while time.time() - t_kill < seconds:
         time.sleep(0.5)
-        if replaced is None and len(_actors("ServeReplica:chaos:Scorer")) == 2:
+        if replaced is None and len(_actors("ServeReplica:chaos:Ingress")) == 2:
             replaced = round(time.time() - t_kill, 1)
     stop.set()
     for th in threads:
         th.join()
     serve.shutdown()
     return {"requests_ok": ok[0], "requests_failed": failed[0], "replica_replaced_after_s": replaced,
-            "scorer_replicas": 2, "concurrency": 4}
+            "killed": "one of 2 ingress (scoring) replicas", "concurrency": 4}
 
 
 def main() -> None:

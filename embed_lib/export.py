@@ -62,8 +62,8 @@ def load_adapter(directory: str | Path) -> tuple[PairAdapter, AdapterConfig, dic
 def ensemble_scores(model: PairAdapter, xa: np.ndarray | torch.Tensor, xb: np.ndarray | torch.Tensor
                     ) -> dict[str, np.ndarray]:
     """Mean over seeds of score, anchor and gate for (n, d) raw vectors -> {'score', 'baseline', 'difficulty'}."""
-    xa = torch.as_tensor(np.asarray(xa, dtype=np.float32)) if not isinstance(xa, torch.Tensor) else xa.float()
-    xb = torch.as_tensor(np.asarray(xb, dtype=np.float32)) if not isinstance(xb, torch.Tensor) else xb.float()
+    xa = torch.as_tensor(np.ascontiguousarray(xa, dtype=np.float32)) if not isinstance(xa, torch.Tensor) else xa.float()
+    xb = torch.as_tensor(np.ascontiguousarray(xb, dtype=np.float32)) if not isinstance(xb, torch.Tensor) else xb.float()
     S = len(model.seeds)
     out = model(xa.expand(S, -1, -1), xb.expand(S, -1, -1))
     gate = out.gate if out.gate is not None else (

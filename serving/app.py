@@ -4,8 +4,11 @@
     serve deploy serving/config.yaml
 
 Deployments: `Encoder` (the frozen encoder of the model's manifest, `@serve.batch`ed, with a bounded
-LRU of sentence vectors), `Scorer` (the adapter; `reconfigure` swaps models in place), an optional
-`CrossEncoderScorer` (cascade / comparison) and `Ingress` (FastAPI, OpenAPI docs at /docs).
+LRU of sentence vectors), an optional `CrossEncoderScorer` (cascade / comparison) and `Ingress`
+(FastAPI, OpenAPI docs at /docs), which is also the pair scorer: it holds the adapter (`reconfigure`
+swaps models in place) and a near cache of vectors, so a request whose sentences are cached makes no
+call beyond the ingress replica. On 2 cores every deployment hop costs ~5 ms of CPU while scoring 32
+cached pairs costs ~0.1 ms: a separate scorer deployment would cost the service most of its throughput.
 The builder refuses a model whose encoder manifest does not match the serving encoder.
 """
 # no `from __future__ import annotations`: FastAPI reads the request models from real annotations
@@ -53,8 +56,7 @@ class AppArgs(BaseModel):
     cross_encoder: str | None = Field(None, description="cross-encoder id/path for the cascade and comparison")
     cascade_threshold: float = Field(0.5, ge=0, le=1)
     encoder: Replicas = Replicas(min=1, max=2, num_cpus=0.5)
-    scorer: Replicas = Replicas()
-    ingress: Replicas = Replicas()
+    ingress: Replicas = Replicas(min=1, max=2, num_cpus=0.5)
 
 
 def _deployment_options(r: Replicas, **extra) -> dict[str, Any]:
@@ -67,6 +69,53 @@ def _set_threads(num_cpus: float) -> None:
     import torch
 
     torch.set_num_threads(max(1, int(num_cpus)))
+
+
+class LRU:
+    """A bounded text -> vector map with hit / miss counts."""
+
+    def __init__(self, capacity: int) -> None:
+        self.capacity, self.data, self.hits, self.misses = capacity, OrderedDict(), 0, 0
+
+    def get_many(self, texts: list[str]) -> tuple[dict[str, np.ndarray], list[str]]:
+        found, missing = {}, []
+        for t in dict.fromkeys(texts):
+            v = self.data.get(t)
+            if v is None:
+                missing.append(t)
+            else:
+                self.data.move_to_end(t)
+                found[t] = v
+        self.hits += len(found)
+        self.misses += len(missing)
+        return found, missing
+
+    def put(self, text: str, vec: np.ndarray) -> None:
+        if self.capacity <= 0:
+            return
+        self.data[text] = vec
+        self.data.move_to_end(text)
+        while len(self.data) > self.capacity:
+            self.data.popitem(last=False)
+
+    def __contains__(self, text: str) -> bool:
+        return text in self.data
+
+    def stats(self) -> dict[str, Any]:
+        total = self.hits + self.misses
+        return {"size": len(self.data), "capacity": self.capacity, "hits": self.hits, "misses": self.misses,
+                "hit_rate": self.hits / total if total else None}
+
+
+def corpus_texts(corpus: str) -> list[str]:
+    """'task:<name>' -> the task's distinct sentences; otherwise a text file, one sentence per line."""
+    if corpus.startswith("task:"):
+        from embed_lib.tasks import SPLITS, load_splits
+
+        splits = load_splits(corpus[5:], SPLITS)
+        return list(dict.fromkeys(t for d in splits.values() for t in (*d.sentence1, *d.sentence2)))
+    with open(corpus, encoding="utf-8") as fh:
+        return list(dict.fromkeys(line.rstrip("\n") for line in fh if line.strip()))
 
 
 @serve.deployment
@@ -87,36 +136,20 @@ class Encoder:
             raise RuntimeError(f"Refusing to start: the serving encoder ({self.encoder.manifest()}) differs from the "
                                f"model's ({manifest}).")
         self.manifest = manifest
-        self.capacity = cache_size
-        self.cache: OrderedDict[str, np.ndarray] = OrderedDict()
-        self.hits = self.misses = 0
+        self.cache = LRU(cache_size)
         self._encode_batch.set_max_batch_size(max_batch_size)
         self._encode_batch.set_batch_wait_timeout_s(batch_wait_timeout_s)
         if warm_corpus:
             self._warm_from(warm_corpus)
 
-    def _put(self, text: str, vec: np.ndarray) -> None:
-        if self.capacity <= 0:
-            return
-        self.cache[text] = vec
-        self.cache.move_to_end(text)
-        while len(self.cache) > self.capacity:
-            self.cache.popitem(last=False)
-
     def _warm_from(self, corpus: str) -> int:
-        if corpus.startswith("task:"):
-            from embed_lib.cache import EmbeddingCache
-            from embed_lib.tasks import SPLITS, load_splits
+        from embed_lib.cache import EmbeddingCache
 
-            splits = load_splits(corpus[5:], SPLITS)
-            texts = list(dict.fromkeys(t for d in splits.values() for t in (*d.sentence1, *d.sentence2)))
-            vectors = EmbeddingCache(self.manifest).get(texts, self.encoder)  # cached vectors: no encoding
-        else:
-            with open(corpus, encoding="utf-8") as fh:
-                texts = list(dict.fromkeys(line.rstrip("\n") for line in fh if line.strip()))
-            vectors = self.encoder.encode(texts)
+        texts = corpus_texts(corpus)
+        # through the embedding cache embed_lib built: cached sentences are read, not encoded
+        vectors = EmbeddingCache(self.manifest).get(texts, self.encoder)
         for t, v in zip(texts, vectors):
-            self._put(t, v)
+            self.cache.put(t, v)
         log.info("warmed %d sentences from %s", len(texts), corpus)
         return len(texts)
 
@@ -127,20 +160,12 @@ class Encoder:
 
     async def embed(self, texts: list[str]) -> np.ndarray:
         """(n, d) raw vectors; cached sentences are not encoded again."""
-        unique = list(dict.fromkeys(texts))
-        missing = [t for t in unique if t not in self.cache]
-        self.hits += len(unique) - len(missing)
-        self.misses += len(missing)
+        found, missing = self.cache.get_many(texts)
         if missing:
-            for t, v in zip(missing, await asyncio.gather(*[self._encode_batch(t) for t in missing])):
-                self._put(t, v)
-        found = {t: self.cache[t] for t in dict.fromkeys(texts) if t in self.cache}
-        if len(found) < len(set(texts)):  # cache smaller than one request: encode what was evicted
-            rest = [t for t in dict.fromkeys(texts) if t not in found]
-            found.update(zip(rest, self.encoder.encode(rest)))
-        for t in found:
-            if t in self.cache:
-                self.cache.move_to_end(t)
+            vectors = await asyncio.gather(*[self._encode_batch(t) for t in missing])
+            for t, v in zip(missing, vectors):
+                self.cache.put(t, v)
+                found[t] = v
         return np.stack([found[t] for t in texts]) if texts else np.zeros((0, self.manifest["dim"]), np.float32)
 
     async def warm(self, texts: list[str]) -> int:
@@ -148,42 +173,11 @@ class Encoder:
         for i in range(0, len(new), 256):
             chunk = new[i: i + 256]
             for t, v in zip(chunk, await asyncio.to_thread(self.encoder.encode, chunk, show_progress=False)):
-                self._put(t, v)
+                self.cache.put(t, v)
         return len(new)
 
     def stats(self) -> dict[str, Any]:
-        total = self.hits + self.misses
-        return {"size": len(self.cache), "capacity": self.capacity, "hits": self.hits, "misses": self.misses,
-                "hit_rate": self.hits / total if total else None}
-
-
-@serve.deployment
-class Scorer:
-    """The adapter of a registered model; `reconfigure({'model_uri': ...})` swaps it in place."""
-
-    def __init__(self, tracking_uri: str | None, num_cpus: float) -> None:
-        _set_threads(num_cpus)
-        self.tracking_uri = tracking_uri
-        self.info: dict[str, Any] = {}
-
-    def reconfigure(self, user_config: dict[str, Any]) -> None:
-        from serving.model import load_model
-
-        model, info = load_model(user_config.get("pinned") or user_config["model_uri"], self.tracking_uri)
-        info["requested_uri"] = user_config["model_uri"]
-        if "@" in user_config["model_uri"]:  # served through an alias: report it
-            info["alias"] = user_config["model_uri"].rsplit("@", 1)[1]
-        if getattr(self, "model", None) is not None and info["encoder_key"] != self.info["encoder_key"]:
-            raise RuntimeError("Refusing to switch to a model trained on another encoder; redeploy the application.")
-        self.model, self.info = model, info
-
-    def score(self, xa: np.ndarray, xb: np.ndarray) -> dict[str, np.ndarray]:
-        from embed_lib.export import ensemble_scores
-
-        return ensemble_scores(self.model, xa, xb)
-
-    def model_info(self) -> dict[str, Any]:
-        return self.info
+        return self.cache.stats()
 
 
 @serve.deployment
@@ -215,10 +209,53 @@ async def _invalid(request: Request, exc: RequestValidationError) -> JSONRespons
 @serve.deployment
 @serve.ingress(api)
 class Ingress:
-    def __init__(self, encoder, scorer, cross_encoder, args: dict[str, Any]) -> None:
-        self.encoder, self.scorer, self.cross_encoder = encoder, scorer, cross_encoder
+    def __init__(self, encoder, cross_encoder, args: dict[str, Any], tracking_uri: str | None) -> None:
+        self.encoder, self.cross_encoder = encoder, cross_encoder
         self.args = AppArgs.model_validate(args)
+        _set_threads(self.args.ingress.num_cpus)
+        self.tracking_uri = tracking_uri
         self.inflight = 0
+        self.model, self.info, self.manifest = None, {}, None
+        self.near = LRU(self.args.cache_size)  # vectors this replica has seen: warm requests need no hop
+
+    def reconfigure(self, user_config: dict[str, Any]) -> None:
+        """Load (or swap in place) the adapter: Serve calls this at start and whenever user_config changes."""
+        from serving.model import load_model
+
+        model, info = load_model(user_config.get("pinned") or user_config["model_uri"], self.tracking_uri)
+        if self.info and info["encoder_key"] != self.info["encoder_key"]:
+            raise RuntimeError("Refusing to switch to a model trained on another encoder; redeploy the application.")
+        info["requested_uri"] = user_config["model_uri"]
+        if "@" in user_config["model_uri"]:  # served through an alias: report it
+            info["alias"] = user_config["model_uri"].rsplit("@", 1)[1]
+        first = self.model is None
+        self.model, self.info, self.manifest = model, info, user_config.get("manifest")
+        if first and self.args.warm_corpus and self.manifest:
+            self._warm_near(self.args.warm_corpus)
+
+    def _warm_near(self, corpus: str) -> None:
+        from embed_lib.cache import EmbeddingCache
+
+        texts = corpus_texts(corpus)
+        try:
+            vectors = EmbeddingCache(self.manifest).get(texts)  # no encoder here: only what is cached
+        except KeyError:
+            log.warning("near cache not warmed: %s is not fully in the embedding cache", corpus)
+            return
+        for t, v in zip(texts, vectors):
+            self.near.put(t, v)
+
+    async def _vectors(self, texts: list[str]) -> np.ndarray:
+        found, missing = self.near.get_many(texts)
+        if missing:
+            for t, v in zip(missing, await self.encoder.embed.remote(missing)):
+                self.near.put(t, v)
+                found[t] = v
+        return np.stack([found[t] for t in texts])
+
+    @property
+    def model_name(self) -> str:
+        return f"{self.info.get('name')}/{self.info.get('version')}"
 
     async def _guarded(self, coro):
         """Admission control (503 + Retry-After beyond max_inflight) and the request timeout (504)."""
@@ -241,12 +278,14 @@ class Ingress:
         if scorer == "cross_encoder":
             ce = await self.cross_encoder.score.remote(pairs)
             return {"data": [{"index": i, "score": float(s), "path": "cross_encoder"} for i, s in enumerate(ce)]}
+        from embed_lib.export import ensemble_scores
+
         texts = list(dict.fromkeys(t for p in pairs for t in p))
-        vectors = await self.encoder.embed.remote(texts)
+        vectors = await self._vectors(texts)
         row = {t: i for i, t in enumerate(texts)}
         xa = vectors[[row[a] for a, _ in pairs]]
         xb = vectors[[row[b] for _, b in pairs]]
-        out = await self.scorer.score.remote(xa, xb)
+        out = ensemble_scores(self.model, xa, xb)
         paths = ["adapter"] * len(pairs)
         scores = out["score"].astype(np.float64)
         if cascade:
@@ -264,7 +303,7 @@ class Ingress:
     async def score(self, body: ScoreRequest) -> dict[str, Any]:
         pairs = body.resolved_pairs(self.args.max_pairs, self.args.max_text_chars)
         out = await self._guarded(self._score_pairs(pairs, body.cascade, body.scorer))
-        return {**out, "model": await self._model_name()}
+        return {**out, "model": self.model_name}
 
     @api.post("/v1/rerank")
     async def rerank(self, body: RerankRequest) -> dict[str, Any]:
@@ -274,28 +313,25 @@ class Ingress:
         ranked = sorted(out["data"], key=lambda r: -r["score"])[: body.top_n or len(body.documents)]
         results = [{"index": r["index"], "relevance_score": r["score"],
                     **({"document": body.documents[r["index"]]} if body.return_documents else {})} for r in ranked]
-        return {"results": results, "model": await self._model_name()}
+        return {"results": results, "model": self.model_name}
 
     @api.post("/v1/warm")
     async def warm(self, body: WarmRequest) -> dict[str, Any]:
         check_texts("texts", body.texts, self.args.max_text_chars, max_items=100_000)
         added = await self._guarded(self.encoder.warm.remote(body.texts))
-        return {"added": added, "cache": await self.encoder.stats.remote()}
-
-    async def _model_name(self) -> str:
-        info = await self.scorer.model_info.remote()
-        return f"{info.get('name')}/{info.get('version')}"
+        await self._vectors(list(dict.fromkeys(body.texts)))  # and into this replica's near cache
+        return {"added": added, "cache": await self.encoder.stats.remote(), "near_cache": self.near.stats()}
 
     @api.get("/healthz")
     async def healthz(self) -> dict[str, Any]:
-        info = await self.scorer.model_info.remote()
-        return {"status": "ok", "model": f"{info.get('name')}/{info.get('version')}"}
+        return {"status": "ok" if self.model is not None else "loading", "model": self.model_name}
 
     @api.get("/v1/models")
     async def models(self) -> dict[str, Any]:
-        info = dict(await self.scorer.model_info.remote())
+        info = dict(self.info)
         info.pop("encoder_key", None)
         return {"data": [{**info, "embedding_cache": await self.encoder.stats.remote(),
+                          "near_cache": self.near.stats(),
                           "cross_encoder": self.args.cross_encoder, "limits": {
                               "max_pairs": self.args.max_pairs, "max_documents": self.args.max_documents,
                               "max_text_chars": self.args.max_text_chars, "max_inflight": self.args.max_inflight}}]}
@@ -308,16 +344,14 @@ def build_app(args: dict[str, Any]) -> serve.Application:
     a = AppArgs.model_validate(args)
     tracking_uri = a.tracking_uri or os.environ.get("MLFLOW_TRACKING_URI")
     manifest = resolve_manifest(a.model_uri, tracking_uri)
-    # the alias resolved to a version now: after the alias moves, redeploying changes the scorer's
+    # the alias resolved to a version now: after the alias moves, redeploying changes the ingress's
     # user_config and Serve reconfigures it in place (no replica restart, no dropped request)
     encoder = Encoder.options(**_deployment_options(a.encoder)).bind(
         manifest, a.cache_size, a.max_batch_size, a.batch_wait_timeout_s, a.warm_corpus, a.encoder.num_cpus)
-    scorer = Scorer.options(**_deployment_options(
-        a.scorer, user_config={"model_uri": a.model_uri, "pinned": pinned_uri(a.model_uri, tracking_uri)})).bind(
-        tracking_uri, a.scorer.num_cpus)
+    user_config = {"model_uri": a.model_uri, "pinned": pinned_uri(a.model_uri, tracking_uri), "manifest": manifest}
     cross = (CrossEncoderScorer.options(ray_actor_options={"num_cpus": 0.5}).bind(a.cross_encoder, 0.5)
              if a.cross_encoder else None)
     # Serve's own bounds sit above the ingress's admission control: a bounded queue, never an unbounded one
     bounds = {"max_ongoing_requests": max(a.max_inflight * 2, 8), "max_queued_requests": max(a.max_inflight * 4, 16)}
-    return Ingress.options(**_deployment_options(a.ingress, **bounds)).bind(
-        encoder, scorer, cross, a.model_dump())
+    return Ingress.options(**_deployment_options(a.ingress, user_config=user_config, **bounds)).bind(
+        encoder, cross, a.model_dump(), tracking_uri)

@@ -78,7 +78,7 @@ def test_serving_config_is_valid_for_the_app_builder():
     (app,) = yaml.safe_load((ROOT / "serving" / "config.yaml").read_text())["applications"]
     assert app["import_path"] == "serving.app:build_app"
     args = AppArgs.model_validate(app["args"])
-    assert args.encoder.num_cpus < 1 and args.scorer.num_cpus < 1  # fractional CPUs on small machines
+    assert args.encoder.num_cpus < 1 and args.ingress.num_cpus < 1  # fractional CPUs on small machines
 
 
 def test_local_script_and_runtime_env():

@@ -141,10 +141,11 @@ def test_warm_cache_then_hits(served):
     texts = ["warm sentence number one.", "warm sentence number two."]
     r = requests.post(served["url"] + "/v1/warm", json={"texts": texts}, timeout=60).json()
     assert r["added"] == 2
-    before = r["cache"]["hits"]
+    (before,) = requests.get(served["url"] + "/v1/models", timeout=30).json()["data"]
     requests.post(served["url"] + "/v1/score", json={"pairs": [texts]}, timeout=60)
-    (info,) = requests.get(served["url"] + "/v1/models", timeout=30).json()["data"]
-    assert info["embedding_cache"]["hits"] == before + 2
+    (after,) = requests.get(served["url"] + "/v1/models", timeout=30).json()["data"]
+    assert after["near_cache"]["hits"] == before["near_cache"]["hits"] + 2  # served from the ingress replica
+    assert after["embedding_cache"]["misses"] == before["embedding_cache"]["misses"]  # nothing encoded
 
 
 def test_overload_is_503_with_retry_after(served):
