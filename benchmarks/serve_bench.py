@@ -23,34 +23,38 @@ sys.path.insert(0, str(REPO))
 
 
 def _load(url: str, body_fn, concurrency: int, seconds: float, out: mp.Queue) -> None:
-    """Closed loop in a separate process: `concurrency` threads, each sends its next request on a reply."""
-    import concurrent.futures as cf
-    import threading
+    """Closed loop in a separate process: `concurrency` aiohttp clients, each sends its next request on a reply
+    (an asyncio client: a thread-per-connection client would spend the 2 cores on itself)."""
+    import asyncio
 
-    import requests
+    import aiohttp
 
-    lat, pairs, errors, stop = [], [0], [0], time.time() + seconds
-    lock = threading.Lock()
+    lat, pairs, errors = [], [0], [0]
 
-    def worker(k: int) -> None:
-        s, i = requests.Session(), 0
+    async def worker(session, k: int, stop: float) -> None:
+        i = 0
         while time.time() < stop:
             body, n = body_fn(k, i)
             t = time.perf_counter()
-            r = s.post(url, json=body, timeout=120)
+            async with session.post(url, json=body) as r:
+                await r.read()
+                ok = r.status == 200
             dt = time.perf_counter() - t
-            with lock:
-                if r.status_code == 200:
-                    lat.append(dt)
-                    pairs[0] += n
-                else:
-                    errors[0] += 1
+            if ok:
+                lat.append(dt)
+                pairs[0] += n
+            else:
+                errors[0] += 1
             i += 1
 
-    t0 = time.time()
-    with cf.ThreadPoolExecutor(concurrency) as pool:
-        list(pool.map(worker, range(concurrency)))
-    wall = time.time() - t0
+    async def main() -> float:
+        timeout = aiohttp.ClientTimeout(total=120)
+        async with aiohttp.ClientSession(timeout=timeout, connector=aiohttp.TCPConnector(limit=concurrency)) as session:
+            t0 = time.time()
+            await asyncio.gather(*[worker(session, k, t0 + seconds) for k in range(concurrency)])
+            return time.time() - t0
+
+    wall = asyncio.run(main())
     lat.sort()
     out.put({"requests": len(lat), "errors": errors[0], "pairs_per_s": pairs[0] / wall,
              "p50_ms": 1000 * statistics.median(lat) if lat else None,
@@ -87,7 +91,12 @@ def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__)
     ap.add_argument("--seconds", type=float, default=6.0, help="per measurement (default 6)")
     ap.add_argument("--quick", action="store_true", help="fewer cells (c=1,8; 1 and 32 pairs)")
+    ap.add_argument("--direct-ingress", action="store_true",
+                    help="Ray Serve's experimental direct ingress (RAY_SERVE_ENABLE_DIRECT_INGRESS=1): the ingress "
+                         "replica listens on port 8000 itself, no proxy hop")
     args = ap.parse_args()
+    if args.direct_ingress:
+        os.environ["RAY_SERVE_ENABLE_DIRECT_INGRESS"] = "1"  # before ray.init: the local cluster inherits it
     import mlflow
     import numpy as np
     import ray
@@ -125,7 +134,8 @@ def main() -> None:
     in_process = n / (time.perf_counter() - t)
 
     ray.init(num_cpus=2, include_dashboard=False, log_to_driver=False)
-    serve.start(http_options={"host": "127.0.0.1", "port": 8123})
+    port = 8000 if args.direct_ingress else 8123
+    serve.start(http_options={"host": "127.0.0.1", "port": port})
     corpus = os.path.join(tmp, "corpus.txt")
     with open(corpus, "w") as fh:
         fh.write("\n".join(sentences))
@@ -134,8 +144,8 @@ def main() -> None:
                          "cross_encoder": os.environ.get("BENCH_CROSS_ENCODER", "minilm"), "warm_corpus": corpus,
                          "encoder": {"min": 1, "max": 1, "num_cpus": 0.5}, "ingress": {"min": 1, "max": 1, "num_cpus": 0.5},
                          "max_inflight": 256, "max_pairs": 64}), name="bench", route_prefix="/")
-    url = "http://127.0.0.1:8123/v1/score"
-    requests.post("http://127.0.0.1:8123/v1/warm", json={"texts": sentences}, timeout=600)  # the near cache too
+    url = f"http://127.0.0.1:{port}/v1/score"
+    requests.post(f"http://127.0.0.1:{port}/v1/warm", json={"texts": sentences}, timeout=600)  # the near cache too
     cells = [(c, p) for c in (1, 8, 32) for p in (1, 32)]
     if args.quick:
         cells = [(c, p) for c in (1, 8) for p in (1, 32)]
@@ -158,7 +168,8 @@ def main() -> None:
     warm, ce = best("warm adapter"), best("warm cross_encoder")
     target_cell = next((r for r in rows if r["path"] == "warm adapter" and r["concurrency"] == 8
                         and r["pairs_per_request"] == 32), None)
-    write_results("serve_bench", {
+    write_results("serve_bench_direct_ingress" if args.direct_ingress else "serve_bench", {
+        "direct_ingress": args.direct_ingress,
         "seconds_per_cell": args.seconds, "rows": rows, "in_process_adapter_pairs_per_s": round(in_process, 1),
         "best_warm_adapter_pairs_per_s": warm, "best_cross_encoder_pairs_per_s": ce,
         "warm_over_cross_encoder": round(warm / ce, 1), "target_ratio": 40,

@@ -6,7 +6,8 @@
 #   cluster/local.sh start | stop | status | submit -- python sweeps/pair_residual.py --task stsb
 #
 # Environment: VENV (.venv), EMBED_RAY_DIR (.cache/ray_local), RAY_PORT (6390), RAY_DASHBOARD_PORT (8265),
-# RAY_CLIENT_PORT, RAY_AGENT_PORT, RAY_AGENT_GRPC_PORT, RAY_RUNTIME_ENV_AGENT_PORT, RAY_METRICS_PORT (Ray's defaults),
+# RAY_CLIENT_PORT (6391), RAY_AGENT_PORT (52375), RAY_AGENT_GRPC_PORT, RAY_RUNTIME_ENV_AGENT_PORT,
+# RAY_METRICS_PORT (Ray's defaults),
 # RAY_NUM_CPUS (all cores), RAY_AUTH_TOKEN_PATH ($EMBED_RAY_DIR/auth_token, made on first start). `submit` forwards EMBED_DATA_DIR, EMBED_CACHE_DIR, EMBED_STORAGE_DIR,
 # MLFLOW_TRACKING_URI and HF_HUB_OFFLINE to the job as absolute paths.
 set -euo pipefail
@@ -16,6 +17,9 @@ STATE="${EMBED_RAY_DIR:-$ROOT/.cache/ray_local}"
 PORT="${RAY_PORT:-6390}"
 DASH="${RAY_DASHBOARD_PORT:-8265}"
 PIDFILE="$STATE/head.pid"
+# ports of our own, away from Ray's defaults, so a `ray.init()` elsewhere on the machine cannot take them
+RAY_CLIENT_PORT="${RAY_CLIENT_PORT:-6391}"  # outside the worker range 10002-19999
+RAY_AGENT_PORT="${RAY_AGENT_PORT:-52375}"
 export PATH="$VENV/bin:$PATH"  # job entrypoints (`python ...`) resolve to the project's interpreter
 # token authentication on: the cluster and every client of it read this project's own token file
 export RAY_AUTH_MODE=token RAY_AUTH_TOKEN_PATH="${RAY_AUTH_TOKEN_PATH:-$STATE/auth_token}"
