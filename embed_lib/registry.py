@@ -55,11 +55,13 @@ def promote(name: str, version: str | int, val_metric: float, client=None) -> st
     return alias
 
 
-def download_adapter(model_uri: str, dst: str | Path | None = None) -> Path:
-    """Download a logged / registered model (runs:/..., models:/name@alias) and return its adapter dir."""
+def download_adapter(model_uri: str, dst: str | Path | None = None, tracking_uri: str | None = None) -> Path:
+    """Download a logged / registered model (runs:/..., models:/name@alias) and return its adapter dir.
+    tracking_uri: the MLflow store to read (default: MLflow's current one)."""
     import mlflow
 
-    local = Path(mlflow.artifacts.download_artifacts(artifact_uri=model_uri, dst_path=str(dst) if dst else None))
+    local = Path(mlflow.artifacts.download_artifacts(artifact_uri=model_uri, dst_path=str(dst) if dst else None,
+                                                     tracking_uri=tracking_uri, registry_uri=tracking_uri))
     adapter = local / "artifacts" / "adapter"
     if not adapter.is_dir():
         raise FileNotFoundError(f"{model_uri} has no artifacts/adapter directory; was it logged by "
@@ -67,6 +69,6 @@ def download_adapter(model_uri: str, dst: str | Path | None = None) -> Path:
     return adapter
 
 
-def load_registered(model_uri: str):
+def load_registered(model_uri: str, tracking_uri: str | None = None):
     """(model, config, manifest) of a registered adapter, read from safetensors + JSON."""
-    return load_adapter(download_adapter(model_uri))
+    return load_adapter(download_adapter(model_uri, tracking_uri=tracking_uri))

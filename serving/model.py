@@ -44,7 +44,7 @@ def resolve_manifest(model_uri: str, tracking_uri: str | None) -> dict[str, Any]
 
     _client(tracking_uri)
     try:
-        adapter_dir = download_adapter(model_uri)
+        adapter_dir = download_adapter(model_uri, tracking_uri=tracking_uri)
     except Exception as exc:
         raise ValueError(f"Cannot load {model_uri!r} from MLflow ({tracking_uri or 'default tracking URI'}): {exc}. "
                          "Check model_uri (models:/<name>@<alias>) and tracking_uri.") from exc
@@ -66,7 +66,7 @@ def load_model(model_uri: str, tracking_uri: str | None):
     from embed_lib.registry import download_adapter
 
     _client(tracking_uri)
-    adapter_dir = download_adapter(model_uri)
+    adapter_dir = download_adapter(model_uri, tracking_uri=tracking_uri)
     model, config, manifest = load_adapter(adapter_dir)
     metrics = json.loads((adapter_dir / "metrics.json").read_text()) if (adapter_dir / "metrics.json").exists() else {}
     info = {**registry_info(model_uri, tracking_uri), "model_uri": model_uri, "task": config.task,

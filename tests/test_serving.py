@@ -25,7 +25,9 @@ def _register(tracking_uri, data, seed0=0, manifest_override=None):
     from embed_lib.registry import log_adapter_model, model_name, promote
     from embed_lib.train import train_seed_group
 
-    mlflow.set_tracking_uri(tracking_uri)
+    from embed_lib.tracking import set_experiment
+
+    set_experiment("serving-tests", tracking_uri)  # explicit: other tests leave MLflow's fluent state behind
     cfg = AdapterConfig(adapter="pair_gated", target="lexical", n_seeds=2, epochs=2, seed0=seed0, width=32, hidden=32)
     result = train_seed_group(cfg, data)
     if manifest_override:
@@ -64,13 +66,10 @@ def served(ray_cluster, stsb_embedded, tmp_path_factory):
 
 
 def _offline(served, encoder, pairs, uri="models:/pair-residual-stsb@champion"):
-    import mlflow
-
     from embed_lib.export import ensemble_scores
     from embed_lib.registry import load_registered
 
-    mlflow.set_tracking_uri(served["tracking_uri"])
-    model, _, _ = load_registered(uri)
+    model, _, _ = load_registered(uri, served["tracking_uri"])
     xa = encoder.encode([a for a, _ in pairs])
     xb = encoder.encode([b for _, b in pairs])
     return ensemble_scores(model, xa, xb)

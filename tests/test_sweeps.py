@@ -72,11 +72,7 @@ def test_grid_sweep_registers_champion_then_challenger(sweep_env):
     assert str(client.get_model_version_by_alias("pair-residual-stsb", "challenger").version) == "2"
     from embed_lib.registry import load_registered
 
-    os.environ["MLFLOW_TRACKING_URI"] = sweep_env["MLFLOW_TRACKING_URI"]
-    try:
-        model, cfg, manifest = load_registered("models:/pair-residual-stsb@champion")
-    finally:
-        del os.environ["MLFLOW_TRACKING_URI"]
+    model, cfg, manifest = load_registered("models:/pair-residual-stsb@champion", sweep_env["MLFLOW_TRACKING_URI"])
     assert cfg.adapter == "pair_gated" and cfg.n_seeds == 2 and manifest["encoder"] == "minilm"
 
 
