@@ -14,6 +14,7 @@ The builder refuses a model whose encoder manifest does not match the serving en
 # no `from __future__ import annotations`: FastAPI reads the request models from real annotations
 
 import asyncio
+import json
 import logging
 import os
 import time
@@ -23,7 +24,7 @@ from typing import Any
 import numpy as np
 from fastapi import FastAPI, HTTPException, Request
 from fastapi.exceptions import RequestValidationError
-from fastapi.responses import JSONResponse
+from fastapi.responses import JSONResponse, Response
 from pydantic import BaseModel, Field
 from ray import serve
 
@@ -52,6 +53,8 @@ class AppArgs(BaseModel):
     warm_corpus: str | None = Field(None, description="pre-embed at startup: 'task:<name>' (from the embedding "
                                     "cache embed_lib built) or a text file, one sentence per line")
     max_inflight: int = Field(64, ge=1, description="requests in flight per ingress replica before 503")
+    access_log: bool = Field(False, description="per-request access logs in the replicas (each costs CPU on "
+                             "every request; errors are logged either way)")
     request_timeout_s: float = Field(30.0, gt=0)
     cross_encoder: str | None = Field(None, description="cross-encoder id/path for the cascade and comparison")
     cascade_threshold: float = Field(0.5, ge=0, le=1)
@@ -59,8 +62,9 @@ class AppArgs(BaseModel):
     ingress: Replicas = Replicas(min=1, max=2, num_cpus=0.5)
 
 
-def _deployment_options(r: Replicas, **extra) -> dict[str, Any]:
+def _deployment_options(r: Replicas, access_log: bool = False, **extra) -> dict[str, Any]:
     return {"ray_actor_options": {"num_cpus": r.num_cpus},
+            "logging_config": {"enable_access_log": access_log},
             "autoscaling_config": {"min_replicas": r.min, "max_replicas": r.max, "initial_replicas": max(1, r.min),
                                    "target_ongoing_requests": 4}, **extra}
 
@@ -196,6 +200,12 @@ class CrossEncoderScorer:
                                                                             show_progress_bar=False), np.float32))
 
 
+def _json(body: dict[str, Any]) -> Response:
+    """The hot endpoints' responses, serialised once with the stdlib: FastAPI's generic encoder walks every
+    value of the body again, which costs more than the scoring itself."""
+    return Response(json.dumps(body), media_type="application/json")
+
+
 api = FastAPI(title="pair-adapter scorer", version="1",
               description="Pair scoring and re-ranking with a pair-level adapter over frozen sentence embeddings.")
 
@@ -300,20 +310,20 @@ class Ingress:
         return {"data": data}
 
     @api.post("/v1/score")
-    async def score(self, body: ScoreRequest) -> dict[str, Any]:
+    async def score(self, body: ScoreRequest) -> Response:
         pairs = body.resolved_pairs(self.args.max_pairs, self.args.max_text_chars)
         out = await self._guarded(self._score_pairs(pairs, body.cascade, body.scorer))
-        return {**out, "model": self.model_name}
+        return _json({**out, "model": self.model_name})
 
     @api.post("/v1/rerank")
-    async def rerank(self, body: RerankRequest) -> dict[str, Any]:
+    async def rerank(self, body: RerankRequest) -> Response:
         check_texts("query", [body.query], self.args.max_text_chars)
         check_texts("documents", body.documents, self.args.max_text_chars, max_items=self.args.max_documents)
         out = await self._guarded(self._score_pairs([(body.query, d) for d in body.documents], False, "adapter"))
         ranked = sorted(out["data"], key=lambda r: -r["score"])[: body.top_n or len(body.documents)]
         results = [{"index": r["index"], "relevance_score": r["score"],
                     **({"document": body.documents[r["index"]]} if body.return_documents else {})} for r in ranked]
-        return {"results": results, "model": self.model_name}
+        return _json({"results": results, "model": self.model_name})
 
     @api.post("/v1/warm")
     async def warm(self, body: WarmRequest) -> dict[str, Any]:
@@ -346,12 +356,12 @@ def build_app(args: dict[str, Any]) -> serve.Application:
     manifest = resolve_manifest(a.model_uri, tracking_uri)
     # the alias resolved to a version now: after the alias moves, redeploying changes the ingress's
     # user_config and Serve reconfigures it in place (no replica restart, no dropped request)
-    encoder = Encoder.options(**_deployment_options(a.encoder)).bind(
+    encoder = Encoder.options(**_deployment_options(a.encoder, a.access_log)).bind(
         manifest, a.cache_size, a.max_batch_size, a.batch_wait_timeout_s, a.warm_corpus, a.encoder.num_cpus)
     user_config = {"model_uri": a.model_uri, "pinned": pinned_uri(a.model_uri, tracking_uri), "manifest": manifest}
     cross = (CrossEncoderScorer.options(ray_actor_options={"num_cpus": 0.5}).bind(a.cross_encoder, 0.5)
              if a.cross_encoder else None)
     # Serve's own bounds sit above the ingress's admission control: a bounded queue, never an unbounded one
     bounds = {"max_ongoing_requests": max(a.max_inflight * 2, 8), "max_queued_requests": max(a.max_inflight * 4, 16)}
-    return Ingress.options(**_deployment_options(a.ingress, user_config=user_config, **bounds)).bind(
+    return Ingress.options(**_deployment_options(a.ingress, a.access_log, user_config=user_config, **bounds)).bind(
         encoder, cross, a.model_dump(), tracking_uri)
