@@ -104,8 +104,8 @@ def study_markdown(task: str, data: StudyData, results: list[tuple[str, GroupRes
     b = any_r.baseline
     n = any_r.config.n_seeds
     lines = [f"### {task}", "",
-             f"Splits: " + "; ".join(f"{k}: {v}" for k, v in data.split_notes.items()), "",
-             f"| arm | val Spearman | val delta | val >0 | test Spearman | test delta | test >0 | gate/c fit train | gate/c fit test |",
+             "Splits: " + "; ".join(f"{k}: {v}" for k, v in data.split_notes.items()), "",
+             "| arm | val Spearman | val delta | val >0 | test Spearman | test delta | test >0 | gate/c fit train | gate/c fit test |",
              "|---|---|---|---|---|---|---|---|---|",
              f"| frozen baseline (cosine) | {b['val/spearman']:.4f} | | | {b['test/spearman']:.4f} | | | | |"]
     for label, r in results:

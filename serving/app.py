@@ -17,7 +17,6 @@ import asyncio
 import json
 import logging
 import os
-import time
 from collections import OrderedDict
 from typing import Any
 

@@ -3,7 +3,6 @@ from __future__ import annotations
 
 import concurrent.futures as cf
 import json
-import os
 import threading
 
 import numpy as np
