@@ -33,6 +33,16 @@ FINAL_KEYS = ("delta_val_mean", "delta_val_std", "delta_val_min", "delta_val_pos
               "val/spearman_mean", "train/gate_fit_mean", "ensemble/val/spearman")
 
 
+def _scalar(text: str) -> Any:
+    """'0.1' -> 0.1, 'true' -> True, 'pair_gated' -> 'pair_gated' ('none' stays a string: it is a target name)."""
+    if text == "none":
+        return text
+    try:
+        return json.loads(text)
+    except ValueError:
+        return text
+
+
 def parse_grid(items: list[str], file: str | None) -> dict[str, list[Any]]:
     """`key=v1,v2` items and/or a JSON file {key: [values]} -> {key: values} (values parsed as JSON)."""
     grid: dict[str, list[Any]] = json.loads(Path(file).read_text()) if file else {}
@@ -40,8 +50,7 @@ def parse_grid(items: list[str], file: str | None) -> dict[str, list[Any]]:
         if "=" not in item:
             raise ValueError(f"--grid {item!r}: expected key=v1,v2,...")
         key, values = item.split("=", 1)
-        grid[key] = [json.loads(v) if v[:1] in "0123456789-[{tf.n" and v not in ("none",) else v
-                     for v in values.split(",")]
+        grid[key] = [_scalar(v) for v in values.split(",")]
     valid = {f for f in AdapterConfig.__dataclass_fields__}
     unknown = sorted(set(grid) - valid)
     if unknown:
