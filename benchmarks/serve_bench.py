@@ -168,8 +168,12 @@ def main() -> None:
     warm, ce = best("warm adapter"), best("warm cross_encoder")
     target_cell = next((r for r in rows if r["path"] == "warm adapter" and r["concurrency"] == 8
                         and r["pairs_per_request"] == 32), None)
-    write_results("serve_bench_direct_ingress" if args.direct_ingress else "serve_bench", {
+    name = "serve_bench_direct_ingress" if args.direct_ingress else "serve_bench"
+    if os.environ.get("RAY_SERVE_USE_GRPC_BY_DEFAULT") == "1":
+        name += "_grpc_routing"
+    write_results(name, {
         "direct_ingress": args.direct_ingress,
+        "env": {k: os.environ.get(k) for k in ("RAY_SERVE_USE_GRPC_BY_DEFAULT", "RAY_SERVE_ENABLE_DIRECT_INGRESS")},
         "seconds_per_cell": args.seconds, "rows": rows, "in_process_adapter_pairs_per_s": round(in_process, 1),
         "best_warm_adapter_pairs_per_s": warm, "best_cross_encoder_pairs_per_s": ce,
         "warm_over_cross_encoder": round(warm / ce, 1), "target_ratio": 40,
