@@ -26,7 +26,7 @@ from typing import Any, Mapping, Sequence
 import numpy as np
 
 from embed_lib.config import default_cache_dir
-from embed_lib.tasks import PairData
+from embed_lib.tasks import PairData, distinct_texts
 
 log = logging.getLogger(__name__)
 
@@ -192,7 +192,7 @@ class EmbeddedTask:
 
 def embed_task(splits: Mapping[str, PairData], cache: EmbeddingCache, encoder=None) -> EmbeddedTask:
     """Embed every distinct sentence of the given splits once (through the cache)."""
-    texts = list(dict.fromkeys(t for d in splits.values() for t in (*d.sentence1, *d.sentence2)))
+    texts = distinct_texts(splits)
     row = {t: i for i, t in enumerate(texts)}
     vectors = cache.get(texts, encoder)
     out = {name: EmbeddedSplit(d, np.array([row[t] for t in d.sentence1], dtype=np.int64),

@@ -16,11 +16,11 @@ import time
 from pathlib import Path
 from typing import Sequence
 
-from embed_lib.cache import EmbeddingCache, EmbeddedTask, embed_task
+from embed_lib.cache import EmbeddedTask, EmbeddingCache
 from embed_lib.config import EncoderConfig, default_cache_dir
-from embed_lib.study import LazyEncoder
+from embed_lib.study import LazyEncoder, embed_splits
 from embed_lib.metrics import cosine, evaluate
-from embed_lib.tasks import SPLITS, load_splits, task_names
+from embed_lib.tasks import SPLITS, distinct_texts, load_splits, task_names
 
 
 def _add_common(p: argparse.ArgumentParser) -> None:
@@ -40,13 +40,6 @@ def _add_common(p: argparse.ArgumentParser) -> None:
 def encoder_config(args: argparse.Namespace) -> EncoderConfig:
     return EncoderConfig(model=args.encoder, revision=args.revision, tau_attn=args.tau_attn,
                          max_seq_length=args.max_seq_length, batch_size=args.encode_batch_size, device=args.device)
-
-
-def load_embedded(task: str, args: argparse.Namespace, lazy: LazyEncoder) -> tuple[EmbeddedTask, EmbeddingCache]:
-    splits = load_splits(task, SPLITS, args.data_dir)
-    root = Path(args.cache_dir) if args.cache_dir else default_cache_dir()
-    cache = EmbeddingCache(lazy.manifest(root), root)
-    return embed_task(splits, cache, lazy), cache
 
 
 def baseline_rows(emb: EmbeddedTask) -> list[dict]:
@@ -79,7 +72,7 @@ def cmd_baseline(args: argparse.Namespace) -> int:
     lazy = LazyEncoder(encoder_config(args))
     rows, t0 = [], time.perf_counter()
     for task in tasks:
-        emb, cache = load_embedded(task, args, lazy)
+        emb, cache = embed_splits(load_splits(task, SPLITS, args.data_dir), lazy, args.cache_dir)
         rows.extend(baseline_rows(emb))
         print(f"[{task}] {len(emb.texts)} distinct sentences, cache {cache.key}: "
               f"{cache.stats.hits} hits, {cache.stats.misses} encoded", file=sys.stderr)
@@ -245,7 +238,7 @@ def cmd_diagnostics(args: argparse.Namespace) -> int:
     # length collapse: the task's sentences under tau_attn = 1 and the tau_attn asked for
     root = Path(args.cache_dir) if args.cache_dir else default_cache_dir()
     splits = load_splits(args.task, SPLITS, args.data_dir)
-    texts = list(dict.fromkeys(t for d in splits.values() for t in (*d.sentence1, *d.sentence2)))
+    texts = distinct_texts(splits)
     rng = np.random.default_rng(0)
     texts = [texts[i] for i in sorted(rng.choice(len(texts), min(len(texts), args.collapse_sample), replace=False))]
     vectors = {}

@@ -25,6 +25,14 @@ def _check_range(name: str, value: float, low: float, high: float, *, low_open: 
         raise ValueError(f"{name}={value!r} is out of range; allowed {bracket}{low}, {high}].")
 
 
+def _check_int(name: str, value: Any, low: int, high: int, *, allow_none: bool = False) -> None:
+    if allow_none and value is None:
+        return
+    if isinstance(value, bool) or not isinstance(value, int) or not low <= value <= high:
+        allowed = f"None or {low}..{high}" if allow_none else f"{low}..{high}"
+        raise ValueError(f"{name}={value!r}; allowed {allowed}.")
+
+
 @dataclass(frozen=True)
 class EncoderConfig:
     """How the frozen encoder turns sentences into vectors. Part of every cache key."""
@@ -50,10 +58,8 @@ class EncoderConfig:
         if not isinstance(self.model, str) or not self.model.strip():
             raise ValueError(f"EncoderConfig.model must be a non-empty model id, path or alias; got {self.model!r}.")
         _check_range("EncoderConfig.tau_attn", float(self.tau_attn), 0.0, 10.0, low_open=True)
-        if self.max_seq_length is not None and not (1 <= int(self.max_seq_length) <= 32768):
-            raise ValueError(f"EncoderConfig.max_seq_length={self.max_seq_length!r}; allowed None or 1..32768.")
-        if not (1 <= int(self.batch_size) <= 4096):
-            raise ValueError(f"EncoderConfig.batch_size={self.batch_size!r}; allowed 1..4096.")
+        _check_int("EncoderConfig.max_seq_length", self.max_seq_length, 1, 32768, allow_none=True)
+        _check_int("EncoderConfig.batch_size", self.batch_size, 1, 4096)
         if self.dtype not in DTYPES:
             raise ValueError(f"EncoderConfig.dtype={self.dtype!r}; allowed {list(DTYPES)}.")
 
@@ -152,9 +158,7 @@ class AdapterConfig:
         _check_range("AdapterConfig.weight_decay", self.weight_decay, 0.0, 1.0)
         for name, lo, hi in (("width", 1, 4096), ("hidden", 1, 4096), ("epochs", 1, 1000),
                              ("batch_size", 2, 65536), ("n_seeds", 1, 100)):
-            value = getattr(self, name)
-            if not isinstance(value, int) or not lo <= value <= hi:
-                raise ValueError(f"AdapterConfig.{name}={value!r}; allowed integers {lo}..{hi}.")
+            _check_int(f"AdapterConfig.{name}", getattr(self, name), lo, hi)
 
     @property
     def seeds(self) -> list[int]:

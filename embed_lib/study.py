@@ -12,7 +12,7 @@ from typing import Any, Iterable
 
 import numpy as np
 
-from embed_lib.cache import EmbeddingCache, embed_task
+from embed_lib.cache import EmbeddedTask, EmbeddingCache, embed_task
 from embed_lib.config import AdapterConfig, EncoderConfig, default_cache_dir
 from embed_lib.diagnostics import headroom
 from embed_lib.tasks import SPLITS, load_splits
@@ -51,12 +51,18 @@ def load_study(task: str, encoder: EncoderConfig | None = None, teacher: Teacher
     splits = load_splits(task, SPLITS, data_dir)
     if limit is not None:
         splits = {k: v.subset(limit) for k, v in splits.items()}
-    lazy = LazyEncoder(encoder or EncoderConfig())
-    emb = embed_task(splits, EmbeddingCache(lazy.manifest(root), root), lazy)
+    emb, _ = embed_splits(splits, LazyEncoder(encoder or EncoderConfig()), root)
     scores, record = (None, None)
     if teacher is not None:
         scores, record = teacher_scores(splits, teacher, root)
     return prepare_study(emb, scores), record
+
+
+def embed_splits(splits, lazy: LazyEncoder, cache_dir: str | Path | None = None) -> tuple[EmbeddedTask, EmbeddingCache]:
+    """Every distinct sentence of `splits` through the cache; the model loads only if one is missing."""
+    root = Path(cache_dir) if cache_dir else default_cache_dir()
+    cache = EmbeddingCache(lazy.manifest(root), root)
+    return embed_task(splits, cache, lazy), cache
 
 
 #: (label, AdapterConfig overrides): the reference comparison, every arm on the same seed group

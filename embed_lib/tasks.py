@@ -17,7 +17,7 @@ from __future__ import annotations
 import hashlib
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Sequence
+from typing import Mapping, Sequence
 
 import numpy as np
 import pandas as pd
@@ -234,6 +234,11 @@ def _to_pairs(spec: TaskSpec, src: Source, frame: pd.DataFrame, split: str, wher
     label = (raw / src.label_scale).astype(np.float32)
     return PairData(spec.name, split, where, note, spec.binary, frame[col_a].tolist(), frame[col_b].tolist(),
                     label, raw, np.asarray(ids))
+
+
+def distinct_texts(splits: Mapping[str, PairData]) -> list[str]:
+    """Distinct sentences of several splits, in first-seen order (what the encoder and caches work on)."""
+    return list(dict.fromkeys(t for d in splits.values() for t in (*d.sentence1, *d.sentence2)))
 
 
 def load_splits(name: str, splits: Sequence[str] = SPLITS, data_dir: str | Path | None = None,

@@ -27,7 +27,7 @@ from typing import Any, Mapping
 import numpy as np
 import torch
 
-from embed_lib.config import _check_range, default_cache_dir
+from embed_lib.config import _check_int, _check_range, default_cache_dir
 from embed_lib.encoders import resolve_model
 from embed_lib.tasks import PairData
 
@@ -53,15 +53,12 @@ class TeacherConfig:
     seed: int = 0
 
     def __post_init__(self) -> None:
-        if not (2 <= self.folds <= 20):
-            raise ValueError(f"TeacherConfig.folds={self.folds}; allowed 2..20.")
-        if not (1 <= self.epochs <= 50):
-            raise ValueError(f"TeacherConfig.epochs={self.epochs}; allowed 1..50.")
+        _check_int("TeacherConfig.folds", self.folds, 2, 20)
+        _check_int("TeacherConfig.epochs", self.epochs, 1, 50)
         _check_range("TeacherConfig.lr", self.lr, 0.0, 1.0, low_open=True)
         _check_range("TeacherConfig.warmup", self.warmup, 0.0, 1.0)
-        if not (1 <= self.batch_size <= 1024) or not (8 <= self.max_length <= 4096):
-            raise ValueError(f"TeacherConfig.batch_size={self.batch_size} (1..1024) or max_length="
-                             f"{self.max_length} (8..4096) out of range.")
+        _check_int("TeacherConfig.batch_size", self.batch_size, 1, 1024)
+        _check_int("TeacherConfig.max_length", self.max_length, 8, 4096)
 
 
 def _pairs(d: PairData, rows: np.ndarray | None = None) -> list[list[str]]:

@@ -234,9 +234,9 @@ def train_seed_group(cfg: AdapterConfig, data: StudyData,
     torch.manual_seed(cfg.seed0 + 10_000)
     per_seed, baseline, ensemble = [[{} for _ in seeds], {}, {}]
     splits_out: dict[str, tuple[np.ndarray, np.ndarray | None]] = {}
-    eval_splits = (("validation", "val"), ("test", "test"), ("train", "train"))
-    if not evaluate_test:
-        eval_splits = (("validation", "val"), ("train", "train"))
+    eval_splits = [("validation", "val")] + ([("test", "test")] if evaluate_test else [])
+    if cfg.target != "none":  # train scores serve only the gate's fit to its target
+        eval_splits.append(("train", "train"))
     for split, prefix in eval_splits:
         sp = data.splits[split]
         scores, aux = score_split(model, X, sp)

@@ -27,6 +27,7 @@ from fastapi.responses import JSONResponse, Response
 from pydantic import BaseModel, Field
 from ray import serve
 
+from embed_lib.export import ensemble_scores
 from serving.schemas import RerankRequest, ScoreRequest, WarmRequest, check_texts
 
 log = logging.getLogger("serving")
@@ -113,10 +114,9 @@ class LRU:
 def corpus_texts(corpus: str) -> list[str]:
     """'task:<name>' -> the task's distinct sentences; otherwise a text file, one sentence per line."""
     if corpus.startswith("task:"):
-        from embed_lib.tasks import SPLITS, load_splits
+        from embed_lib.tasks import SPLITS, distinct_texts, load_splits
 
-        splits = load_splits(corpus[5:], SPLITS)
-        return list(dict.fromkeys(t for d in splits.values() for t in (*d.sentence1, *d.sentence2)))
+        return distinct_texts(load_splits(corpus[5:], SPLITS))
     with open(corpus, encoding="utf-8") as fh:
         return list(dict.fromkeys(line.rstrip("\n") for line in fh if line.strip()))
 
@@ -287,8 +287,6 @@ class Ingress:
         if scorer == "cross_encoder":
             ce = await self.cross_encoder.score.remote(pairs)
             return {"data": [{"index": i, "score": float(s), "path": "cross_encoder"} for i, s in enumerate(ce)]}
-        from embed_lib.export import ensemble_scores
-
         texts = list(dict.fromkeys(t for p in pairs for t in p))
         vectors = await self._vectors(texts)
         row = {t: i for i, t in enumerate(texts)}

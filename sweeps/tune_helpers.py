@@ -73,6 +73,16 @@ def precompute(task: str, encoder, teacher, data_dir, cache_dir, limit: int | No
     return ray.get(task_fn.remote())
 
 
+def resolve(config: dict[str, Any], data, fixed: dict[str, Any]):
+    """(AdapterConfig, StudyData) that a trial's config trains: fixed values win (the smoke test caps epochs),
+    and tau_attn picks the study when several encoder attention temperatures were precomputed."""
+    config = dict(config)
+    tau_attn = config.pop("tau_attn", None)
+    if isinstance(data, dict):
+        data = data[tau_attn if tau_attn is not None else next(iter(data))]
+    return AdapterConfig.from_dict({**config, **fixed}), data
+
+
 def trial(config: dict[str, Any], data=None, fixed: dict[str, Any] | None = None, threads: int = 1,
           use_gpu: bool = False) -> None:
     """One Tune trial: the whole seed group of one configuration."""
@@ -81,11 +91,7 @@ def trial(config: dict[str, Any], data=None, fixed: dict[str, Any] | None = None
     from embed_lib.train import train_seed_group
 
     torch.set_num_threads(max(1, threads))
-    config = dict(config)
-    tau_attn = config.pop("tau_attn", None)
-    if isinstance(data, dict):  # several encoder attention temperatures were precomputed
-        data = data[tau_attn if tau_attn is not None else next(iter(data))]
-    cfg = AdapterConfig.from_dict({**config, **(fixed or {})})  # fixed values win (the smoke test caps epochs)
+    cfg, data = resolve(config, data, fixed or {})
     device = "cuda" if use_gpu and torch.cuda.is_available() else "cpu"
     result = train_seed_group(cfg, data, on_epoch=lambda epoch, h: tune.report(dict(h)), evaluate_test=False,
                               device=device)
@@ -169,7 +175,7 @@ def rows_from(results, fixed: dict[str, Any]) -> tuple[list[dict[str, Any]], lis
     for r in results:
         if r.metrics is None:
             continue
-        row = {"trial": r.metrics.get("trial_id"), **r.config, **fixed}  # fixed values are what trained
+        row = {"trial": r.metrics.get("trial_id"), **r.config, **fixed, "config": dict(r.config)}
         if "per_seed" in r.metrics:
             row.update({k: r.metrics[k] for k in FINAL_KEYS if k in r.metrics})
             row["per_seed"] = json.loads(r.metrics["per_seed"])
@@ -235,7 +241,7 @@ def finish_sweep(results, data, fixed: dict[str, Any], space_keys: list[str], ta
     from embed_lib.train import train_seed_group
 
     done, stopped = rows_from(results, fixed)
-    board = leaderboard([{k: v for k, v in r.items() if k != "per_seed"} for r in done])
+    board = leaderboard([{k: v for k, v in r.items() if k not in ("per_seed", "config")} for r in done])
     mlflow.log_text(board.to_csv(index=False), "leaderboard.csv")
     mlflow.log_text(to_markdown(board), "leaderboard.md")
     mlflow.log_metrics({"trials_complete": len(done), "trials_stopped_early": len(stopped)})
@@ -252,11 +258,7 @@ def finish_sweep(results, data, fixed: dict[str, Any], space_keys: list[str], ta
         mlflow.set_tag("winner", "none")
         log_fn(msg)
         return out
-    chosen = {k: winner[k] for k in space_keys if k in winner}
-    data = data[chosen.pop("tau_attn", next(iter(data)))] if isinstance(data, dict) else data
-    chosen.pop("tau_attn", None)
-    extra = {k: winner[k] for k in ("p", "target", "lambda_c") if k in winner}  # constants of the define-by-run space
-    cfg = AdapterConfig.from_dict({**chosen, **extra, **fixed})
+    cfg, data = resolve(winner["config"], data, fixed)  # exactly what the winning trial trained
     result = train_seed_group(cfg, data)  # the only place test is evaluated
     with mlflow.start_run(run_name="winner", nested=True, parent_run_id=parent_run_id):
         log_group(result, data)
