@@ -110,9 +110,12 @@ def main() -> None:
 
     from embed_lib.study import load_study
 
+    from serving.serve_env import apply_serve_env
+
     data, _ = load_study("stsb")
+    settings = apply_serve_env()  # the Serve settings every cluster of the project runs with (cluster/serve.env)
     ray.init(num_cpus=2, include_dashboard=True, log_to_driver=False)
-    figures = {"trial_worker_killed": trial_worker_kill(data), "serve_replica_killed": serve_replica_kill(data),
+    figures = {"serve_settings": settings,"trial_worker_killed": trial_worker_kill(data), "serve_replica_killed": serve_replica_kill(data),
                "driver_killed": "tests/test_sweeps.py::test_resume_after_the_driver_is_killed (4 trials, one MLflow "
                                 "run each, none left RUNNING)"}
     ray.shutdown()

@@ -1,10 +1,15 @@
 """Serving benchmark: closed-loop load from a second process on loopback, bounded in time.
 
-Starts its own Ray (2 CPUs) and Serve on 127.0.0.1, registers a small STS-B adapter in a temporary
-MLflow store, and measures pairs/s and p50/p99 latency at concurrency 1, 8, 32 with 1 and 32 pairs per
-request for (a) the adapter with a warm embedding cache, (b) cold (every sentence new: encoding
-needed), (c) a cross-encoder served the same way; plus the adapter called in-process (no Serve).
+Starts its own Ray (2 CPUs, with the Serve settings of cluster/serve.env) and Serve on 127.0.0.1,
+registers a small STS-B adapter in a temporary MLflow store, and measures pairs/s and p50/p99 latency at
+concurrency 1, 8, 32 with 1 and 32 pairs per request for (a) the adapter with a warm embedding cache,
+(b) cold (every sentence new: encoding needed), (c) a cross-encoder served the same way; plus the
+adapter and the cross-encoder called in-process, one thread each (no Serve).
 Targets on 2 cores: warm adapter >= 40x the cross-encoder's pairs/s; p99 <= 100 ms at c=8, 32 pairs.
+
+Topologies: through Serve's HTTP proxy (default), or `--direct-ingress`: Ray Serve's direct ingress, where
+the ingress replica serves HTTP on its own port (what a load balancer in front of the replicas reaches;
+no proxy hop) and the load goes to that port.
 """
 from __future__ import annotations
 
@@ -54,9 +59,12 @@ def _load(url: str, body_fn, concurrency: int, seconds: float, out: mp.Queue) ->
             await asyncio.gather(*[worker(session, k, t0 + seconds) for k in range(concurrency)])
             return time.time() - t0
 
+    cpu0 = time.process_time()
     wall = asyncio.run(main())
+    client_cpu = time.process_time() - cpu0
     lat.sort()
     out.put({"requests": len(lat), "errors": errors[0], "pairs_per_s": pairs[0] / wall,
+             "client_cores": client_cpu / wall,
              "p50_ms": 1000 * statistics.median(lat) if lat else None,
              "p99_ms": 1000 * lat[min(len(lat) - 1, int(0.99 * len(lat)))] if lat else None})
 
@@ -87,16 +95,49 @@ def run_load(url, bodies, concurrency, seconds):
     return res
 
 
+def _one_thread_pairs_per_s(score, seconds: float) -> float:
+    """Pairs/s of `score()` (32 pairs a call) called back to back in this process on one torch thread."""
+    import torch
+
+    threads = torch.get_num_threads()
+    torch.set_num_threads(1)
+    try:
+        score()
+        t, n = time.perf_counter(), 0
+        while time.perf_counter() - t < seconds:
+            score()
+            n += 32
+        return n / (time.perf_counter() - t)
+    finally:
+        torch.set_num_threads(threads)
+
+
+def _direct_ingress_port(app: str) -> int:
+    """The HTTP port the application's ingress replica serves on under direct ingress (from the controller)."""
+    import ray
+    from ray.serve._private.constants import SERVE_CONTROLLER_NAME, SERVE_NAMESPACE
+
+    controller = ray.get_actor(SERVE_CONTROLLER_NAME, namespace=SERVE_NAMESPACE)
+    for group in ray.get(controller.get_target_groups.remote(app)):
+        if str(group.protocol).upper().endswith("HTTP") and group.targets:
+            return group.targets[0].port
+    raise RuntimeError(f"no direct-ingress HTTP target for application {app!r}")
+
+
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__)
     ap.add_argument("--seconds", type=float, default=6.0, help="per measurement (default 6)")
     ap.add_argument("--quick", action="store_true", help="fewer cells (c=1,8; 1 and 32 pairs)")
     ap.add_argument("--direct-ingress", action="store_true",
-                    help="Ray Serve's experimental direct ingress (RAY_SERVE_ENABLE_DIRECT_INGRESS=1): the ingress "
-                         "replica listens on port 8000 itself, no proxy hop")
+                    help="Ray Serve's direct ingress (RAY_SERVE_ENABLE_DIRECT_INGRESS=1): the ingress replica serves "
+                         "HTTP on a port of its own and the load goes there (no proxy hop), as a load balancer "
+                         "in front of the replicas would")
     args = ap.parse_args()
+    from serving.serve_env import apply_serve_env
+
     if args.direct_ingress:
-        os.environ["RAY_SERVE_ENABLE_DIRECT_INGRESS"] = "1"  # before ray.init: the local cluster inherits it
+        os.environ["RAY_SERVE_ENABLE_DIRECT_INGRESS"] = "1"
+    settings = apply_serve_env()  # before ray.init: the local cluster's processes inherit them
     import mlflow
     import numpy as np
     import ray
@@ -121,29 +162,35 @@ def main() -> None:
     from embed_lib.tasks import load_task
 
     sentences = load_task("stsb", "validation").texts()[:2000]
-    # in-process reference: the adapter on cached vectors, no Serve, no HTTP
+    # in-process references, no Serve, no HTTP: the adapter on cached vectors, the cross-encoder on text pairs
+    from sentence_transformers import CrossEncoder
+
+    from embed_lib.encoders import resolve_model
     from embed_lib.registry import load_registered
 
     model, _, _ = load_registered("models:/pair-residual-stsb@champion")
     xa = np.random.default_rng(0).standard_normal((32, data.X.shape[1])).astype(np.float32)
     xb = xa[::-1].copy()
-    t, n = time.perf_counter(), 0
-    while time.perf_counter() - t < 2.0:
-        ensemble_scores(model, xa, xb)
-        n += 32
-    in_process = n / (time.perf_counter() - t)
+    in_process = _one_thread_pairs_per_s(lambda: ensemble_scores(model, xa, xb), 2.0)
+    cross_encoder = os.environ.get("BENCH_CROSS_ENCODER", "minilm")
+    ce = CrossEncoder(resolve_model(cross_encoder), device="cpu")
+    ce_pairs = [[sentences[j], sentences[j + 1]] for j in range(32)]
+    in_process_ce = _one_thread_pairs_per_s(lambda: ce.predict(ce_pairs, batch_size=32, show_progress_bar=False), 4.0)
+    del ce
 
     ray.init(num_cpus=2, include_dashboard=False, log_to_driver=False)
-    port = 8000 if args.direct_ingress else 8123
+    port = 8123
     serve.start(http_options={"host": "127.0.0.1", "port": port})
     corpus = os.path.join(tmp, "corpus.txt")
     with open(corpus, "w") as fh:
         fh.write("\n".join(sentences))
     # one replica each: on 2 cores a second replica only adds contention (and starts with a cold cache)
     serve.run(build_app({"model_uri": "models:/pair-residual-stsb@champion", "tracking_uri": tracking,
-                         "cross_encoder": os.environ.get("BENCH_CROSS_ENCODER", "minilm"), "warm_corpus": corpus,
+                         "cross_encoder": cross_encoder, "warm_corpus": corpus,
                          "encoder": {"min": 1, "max": 1, "num_cpus": 0.5}, "ingress": {"min": 1, "max": 1, "num_cpus": 0.5},
                          "max_inflight": 256, "max_pairs": 64}), name="bench", route_prefix="/")
+    if args.direct_ingress:
+        port = _direct_ingress_port("bench")
     url = f"http://127.0.0.1:{port}/v1/score"
     requests.post(f"http://127.0.0.1:{port}/v1/warm", json={"texts": sentences}, timeout=600)  # the near cache too
     cells = [(c, p) for c in (1, 8, 32) for p in (1, 32)]
@@ -152,8 +199,6 @@ def main() -> None:
     rows = []
     for kind, scorer in (("warm", "adapter"), ("cold", "adapter"), ("warm", "cross_encoder")):
         for c, p in cells:
-            if scorer == "cross_encoder" and c == 32:
-                continue  # a 2-core cross-encoder at c=32 only measures its queue
             res = run_load(url, Bodies(kind, sentences, p, scorer), c, args.seconds)
             row = {"path": f"{kind} {scorer}", "concurrency": c, "pairs_per_request": p,
                    **{k: (round(v, 2) if isinstance(v, float) else v) for k, v in res.items()}}
@@ -169,12 +214,13 @@ def main() -> None:
     target_cell = next((r for r in rows if r["path"] == "warm adapter" and r["concurrency"] == 8
                         and r["pairs_per_request"] == 32), None)
     name = "serve_bench_direct_ingress" if args.direct_ingress else "serve_bench"
-    if os.environ.get("RAY_SERVE_USE_GRPC_BY_DEFAULT") == "1":
-        name += "_grpc_routing"
     write_results(name, {
-        "direct_ingress": args.direct_ingress,
-        "env": {k: os.environ.get(k) for k in ("RAY_SERVE_USE_GRPC_BY_DEFAULT", "RAY_SERVE_ENABLE_DIRECT_INGRESS")},
+        "topology": "direct ingress (load to the ingress replica's own port)" if args.direct_ingress
+        else "Serve HTTP proxy -> ingress replica",
+        "serve_settings": {**settings, "RAY_SERVE_ENABLE_DIRECT_INGRESS": os.environ.get("RAY_SERVE_ENABLE_DIRECT_INGRESS")},
         "seconds_per_cell": args.seconds, "rows": rows, "in_process_adapter_pairs_per_s": round(in_process, 1),
+        "in_process_cross_encoder_pairs_per_s": round(in_process_ce, 1),
+        "in_process_ratio": round(in_process / in_process_ce, 1),
         "best_warm_adapter_pairs_per_s": warm, "best_cross_encoder_pairs_per_s": ce,
         "warm_over_cross_encoder": round(warm / ce, 1), "target_ratio": 40,
         "p99_ms_c8_32pairs_warm": target_cell and target_cell["p99_ms"], "target_p99_ms": 100,

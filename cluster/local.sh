@@ -8,7 +8,8 @@
 # Environment: VENV (.venv), EMBED_RAY_DIR (.cache/ray_local), RAY_PORT (6390), RAY_DASHBOARD_PORT (8265),
 # RAY_CLIENT_PORT (6391), RAY_AGENT_PORT (52375), RAY_AGENT_GRPC_PORT, RAY_RUNTIME_ENV_AGENT_PORT,
 # RAY_METRICS_PORT (Ray's defaults),
-# RAY_NUM_CPUS (all cores), RAY_AUTH_TOKEN_PATH ($EMBED_RAY_DIR/auth_token, made on first start). `submit` forwards EMBED_DATA_DIR, EMBED_CACHE_DIR, EMBED_STORAGE_DIR,
+# RAY_NUM_CPUS (all cores), RAY_AUTH_TOKEN_PATH ($EMBED_RAY_DIR/auth_token, made on first start),
+# the Ray Serve settings of cluster/serve.env (each overridable from the environment). `submit` forwards EMBED_DATA_DIR, EMBED_CACHE_DIR, EMBED_STORAGE_DIR,
 # MLFLOW_TRACKING_URI and HF_HUB_OFFLINE to the job as absolute paths.
 set -euo pipefail
 ROOT="$(cd "$(dirname "$0")/.." && pwd)"
@@ -27,6 +28,11 @@ ensure_token() {
   mkdir -p "$(dirname "$RAY_AUTH_TOKEN_PATH")"
   [[ -s "$RAY_AUTH_TOKEN_PATH" ]] || (umask 077; python3 -c 'import secrets; print(secrets.token_hex(32), end="")' >"$RAY_AUTH_TOKEN_PATH")
 }
+
+# Ray Serve throughput settings (cluster/serve.env); a variable already set in the environment wins
+while IFS='=' read -r key value; do
+  [[ -n "${!key+set}" ]] || export "$key=$value"
+done < <(grep -E '^[A-Z_][A-Z0-9_]*=' "$ROOT/cluster/serve.env")
 
 running() { [[ -f "$PIDFILE" ]] && kill -0 "$(cat "$PIDFILE")" 2>/dev/null; }
 

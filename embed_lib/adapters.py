@@ -139,14 +139,17 @@ class PairAdapter(nn.Module):
         """h = LayerNorm(W x + b); (S, B, d) -> (S, B, width)."""
         return self.norm(self.proj(x))
 
-    def forward(self, xa: torch.Tensor, xb: torch.Tensor) -> AdapterOutput:
-        """xa, xb: (S, B, d) raw pooled vectors -> scores (S, B)."""
+    def forward(self, xa: torch.Tensor, xb: torch.Tensor, ha: torch.Tensor | None = None,
+                hb: torch.Tensor | None = None) -> AdapterOutput:
+        """xa, xb: (S, B, d) raw pooled vectors -> scores (S, B). ha, hb: their working representations
+        `working(x)` (S, B, width) where the caller keeps them per sentence (a serving cache); else computed."""
         s0 = sim_p(xa, xb, self.p)
         if self.form == "baseline":
             return AdapterOutput(s0, s0)
-        B = xa.shape[1]
-        h = self.working(torch.cat([xa, xb], dim=1))  # one projection for both sides: (S, 2B, width)
-        ha, hb = h[:, :B], h[:, B:]
+        if ha is None or hb is None:
+            B = xa.shape[1]
+            h = self.working(torch.cat([xa, xb], dim=1))  # one projection for both sides: (S, 2B, width)
+            ha, hb = h[:, :B], h[:, B:]
         if self.form.startswith("pair"):
             phi = torch.cat([(ha - hb).abs(), ha * hb], dim=-1)  # (S, B, 2 width), symmetric in a, b
             delta = torch.tanh(self.delta(phi)).squeeze(-1)

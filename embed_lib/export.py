@@ -58,15 +58,31 @@ def load_adapter(directory: str | Path) -> tuple[PairAdapter, AdapterConfig, dic
     return model, config, manifest
 
 
+def _tensor(x: np.ndarray | torch.Tensor) -> torch.Tensor:
+    return x.float() if isinstance(x, torch.Tensor) else torch.as_tensor(np.ascontiguousarray(x, dtype=np.float32))
+
+
 @torch.no_grad()
-def ensemble_scores(model: PairAdapter, xa: np.ndarray | torch.Tensor, xb: np.ndarray | torch.Tensor
+def ensemble_scores(model: PairAdapter, xa: np.ndarray | torch.Tensor, xb: np.ndarray | torch.Tensor,
+                    ha: np.ndarray | torch.Tensor | None = None, hb: np.ndarray | torch.Tensor | None = None
                     ) -> dict[str, np.ndarray]:
-    """Mean over seeds of score, anchor and gate for (n, d) raw vectors -> {'score', 'baseline', 'difficulty'}."""
-    xa = torch.as_tensor(np.ascontiguousarray(xa, dtype=np.float32)) if not isinstance(xa, torch.Tensor) else xa.float()
-    xb = torch.as_tensor(np.ascontiguousarray(xb, dtype=np.float32)) if not isinstance(xb, torch.Tensor) else xb.float()
+    """Mean over seeds of score, anchor and gate for (n, d) raw vectors -> {'score', 'baseline', 'difficulty'}.
+    ha, hb: the vectors' working representations (S, n, width) from `project`, where the caller caches them."""
+    xa, xb = _tensor(xa), _tensor(xb)
     S = len(model.seeds)
-    out = model(xa.expand(S, -1, -1), xb.expand(S, -1, -1))
+    out = model(xa.expand(S, -1, -1), xb.expand(S, -1, -1), None if ha is None else _tensor(ha),
+                None if hb is None else _tensor(hb))
     gate = out.gate if out.gate is not None else (
         (out.c_a + out.c_b) / 2 if out.c_a is not None else None)
     return {"score": out.score.mean(0).numpy(), "baseline": out.s0.mean(0).numpy(),
             "difficulty": gate.mean(0).numpy() if gate is not None else np.full(xa.shape[0], np.nan, np.float32)}
+
+
+@torch.no_grad()
+def project(model: PairAdapter, x: np.ndarray | torch.Tensor) -> np.ndarray | None:
+    """(n, d) raw vectors -> (S, n, width) working representations, one per seed (None for the baseline form):
+    what a pair's score needs of each sentence beyond its vector, so a server can keep it per sentence."""
+    if model.form == "baseline":
+        return None
+    x = _tensor(x)
+    return model.working(x.expand(len(model.seeds), -1, -1)).numpy()

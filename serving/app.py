@@ -27,7 +27,7 @@ from fastapi.responses import JSONResponse, Response
 from pydantic import BaseModel, Field
 from ray import serve
 
-from embed_lib.export import ensemble_scores
+from embed_lib.export import ensemble_scores, project
 from serving.schemas import RerankRequest, ScoreRequest, WarmRequest, check_texts
 
 log = logging.getLogger("serving")
@@ -49,7 +49,10 @@ class AppArgs(BaseModel):
     max_text_chars: int = Field(2000, ge=1, description="characters per text")
     max_batch_size: int = Field(64, ge=1, description="sentences per encoder forward pass (@serve.batch)")
     batch_wait_timeout_s: float = Field(0.005, ge=0)
-    cache_size: int = Field(200_000, ge=0, description="sentence vectors kept per encoder replica (LRU)")
+    cache_size: int = Field(200_000, ge=0, description="sentence vectors kept per encoder replica (LRU) and per "
+                            "ingress replica (near cache)")
+    projection_cache_size: int = Field(50_000, ge=0, description="sentences whose adapter projection (S x width "
+                                       "floats) each ingress replica keeps (LRU, emptied when the model changes)")
     warm_corpus: str | None = Field(None, description="pre-embed at startup: 'task:<name>' (from the embedding "
                                     "cache embed_lib built) or a text file, one sentence per line")
     max_inflight: int = Field(64, ge=1, description="requests in flight per ingress replica before 503")
@@ -226,6 +229,7 @@ class Ingress:
         self.inflight = 0
         self.model, self.info, self.manifest = None, {}, None
         self.near = LRU(self.args.cache_size)  # vectors this replica has seen: warm requests need no hop
+        self.projected = LRU(self.args.projection_cache_size)  # per-sentence adapter projections of self.model
 
     def reconfigure(self, user_config: dict[str, Any]) -> None:
         """Load (or swap in place) the adapter: Serve calls this at start and whenever user_config changes."""
@@ -238,7 +242,9 @@ class Ingress:
         if "@" in user_config["model_uri"]:  # served through an alias: report it
             info["alias"] = user_config["model_uri"].rsplit("@", 1)[1]
         first = self.model is None
-        self.model, self.info, self.manifest = model, info, user_config.get("manifest")
+        # the model and its projections change together (a request reads both at once, with no await between)
+        self.model, self.projected = model, LRU(self.args.projection_cache_size)
+        self.info, self.manifest = info, user_config.get("manifest")
         if first and self.args.warm_corpus and self.manifest:
             self._warm_near(self.args.warm_corpus)
 
@@ -261,6 +267,21 @@ class Ingress:
                 self.near.put(t, v)
                 found[t] = v
         return np.stack([found[t] for t in texts])
+
+    @staticmethod
+    def _projections(model, cache: LRU, texts: list[str], vectors: np.ndarray) -> np.ndarray | None:
+        """(S, n, width) adapter projections of the texts under `model`, kept per text: a pair of cached
+        sentences then costs only the pair-level layers (about half the adapter's arithmetic)."""
+        if model.form == "baseline":
+            return None
+        found, missing = cache.get_many(texts)
+        if missing:
+            at = {t: i for i, t in enumerate(texts)}
+            h = project(model, vectors[[at[t] for t in missing]])
+            for j, t in enumerate(missing):
+                found[t] = h[:, j].copy()
+                cache.put(t, found[t])
+        return np.stack([found[t] for t in texts], axis=1)
 
     @property
     def model_name(self) -> str:
@@ -289,10 +310,11 @@ class Ingress:
             return {"data": [{"index": i, "score": float(s), "path": "cross_encoder"} for i, s in enumerate(ce)]}
         texts = list(dict.fromkeys(t for p in pairs for t in p))
         vectors = await self._vectors(texts)
+        model, projected = self.model, self.projected  # from here on no await: one model for the whole request
+        h = self._projections(model, projected, texts, vectors)
         row = {t: i for i, t in enumerate(texts)}
-        xa = vectors[[row[a] for a, _ in pairs]]
-        xb = vectors[[row[b] for _, b in pairs]]
-        out = ensemble_scores(self.model, xa, xb)
+        ia, ib = [row[a] for a, _ in pairs], [row[b] for _, b in pairs]
+        out = ensemble_scores(model, vectors[ia], vectors[ib], *((None, None) if h is None else (h[:, ia], h[:, ib])))
         paths = ["adapter"] * len(pairs)
         scores = out["score"].astype(np.float64)
         if cascade:
@@ -338,7 +360,7 @@ class Ingress:
         info = dict(self.info)
         info.pop("encoder_key", None)
         return {"data": [{**info, "embedding_cache": await self.encoder.stats.remote(),
-                          "near_cache": self.near.stats(),
+                          "near_cache": self.near.stats(), "projection_cache": self.projected.stats(),
                           "cross_encoder": self.args.cross_encoder, "limits": {
                               "max_pairs": self.args.max_pairs, "max_documents": self.args.max_documents,
                               "max_text_chars": self.args.max_text_chars, "max_inflight": self.args.max_inflight}}]}

@@ -88,3 +88,36 @@ def test_local_script_and_runtime_env():
     text = (CLUSTER / "local.sh").read_text()
     assert "ray stop" not in text.replace("never `ray stop`", "")  # stops its own process group only
     assert "--dashboard-host=127.0.0.1" in text and "RAY_AUTH_MODE=token" in text
+
+
+def _container_env(manifest: dict) -> list[dict[str, str]]:
+    """{name: value} of each container's env in a RayCluster / RayService manifest."""
+    spec = manifest["spec"].get("rayClusterConfig", manifest["spec"])
+    groups = [spec["headGroupSpec"], *spec["workerGroupSpecs"]]
+    return [{e["name"]: e.get("value") for e in c.get("env", [])}
+            for g in groups for c in g["template"]["spec"]["containers"]]
+
+
+def test_serve_settings_have_one_source_and_reach_every_serving_node():
+    from serving.serve_env import apply_serve_env, serve_env
+
+    settings = serve_env()
+    assert settings["RAY_SERVE_USE_GRPC_BY_DEFAULT"] == "1"
+    assert settings["RAY_SERVE_RUN_USER_CODE_IN_SEPARATE_THREAD"] == "0"
+    for name in ("kuberay/rayservice.yaml", "kuberay/raycluster.yaml"):
+        for env in _container_env(load(name)):
+            assert {k: env.get(k) for k in settings} == settings, name
+    # the environment wins over the file; what is unset is filled in
+    environ = {"RAY_SERVE_USE_GRPC_BY_DEFAULT": "0"}
+    in_force = apply_serve_env(environ)
+    assert in_force["RAY_SERVE_USE_GRPC_BY_DEFAULT"] == "0" and environ["RAY_SERVE_USE_GRPC_BY_DEFAULT"] == "0"
+    assert environ["RAY_SERVE_RUN_ROUTER_IN_SEPARATE_LOOP"] == settings["RAY_SERVE_RUN_ROUTER_IN_SEPARATE_LOOP"]
+
+
+def test_serve_env_file_errors_name_the_line(tmp_path):
+    from serving.serve_env import serve_env
+
+    bad = tmp_path / "serve.env"
+    bad.write_text("# comment\n\nRAY_SERVE_X=1\nnot a setting\n")
+    with pytest.raises(ValueError, match=r"serve.env:4: expected KEY=VALUE"):
+        serve_env(bad)

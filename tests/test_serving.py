@@ -3,6 +3,7 @@ from __future__ import annotations
 
 import concurrent.futures as cf
 import json
+import os
 import threading
 
 import numpy as np
@@ -144,6 +145,27 @@ def test_warm_cache_then_hits(served):
     (after,) = requests.get(served["url"] + "/v1/models", timeout=30).json()["data"]
     assert after["near_cache"]["hits"] == before["near_cache"]["hits"] + 2  # served from the ingress replica
     assert after["embedding_cache"]["misses"] == before["embedding_cache"]["misses"]  # nothing encoded
+    # the adapter's per-sentence projections are kept too: the second time only the pair layers run
+    assert after["projection_cache"]["misses"] == before["projection_cache"]["misses"] + 2
+    requests.post(served["url"] + "/v1/score", json={"pairs": [texts[::-1]]}, timeout=60)
+    (again,) = requests.get(served["url"] + "/v1/models", timeout=30).json()["data"]
+    assert again["projection_cache"]["hits"] == after["projection_cache"]["hits"] + 2
+    assert again["projection_cache"]["misses"] == after["projection_cache"]["misses"]
+
+
+def test_the_cluster_runs_with_the_serve_settings(served):
+    import ray
+
+    from serving.serve_env import serve_env
+
+    @ray.remote(num_cpus=0)
+    def settings(keys):
+        return {k: os.environ.get(k) for k in keys}
+
+    # cluster/local.sh exported cluster/serve.env (where the environment did not set a value) before
+    # `ray start`: every worker process inherits it
+    expected = {k: os.environ.get(k, v) for k, v in serve_env().items()}
+    assert ray.get(settings.remote(list(expected))) == expected
 
 
 def test_overload_is_503_with_retry_after(served):
@@ -159,7 +181,7 @@ def test_overload_is_503_with_retry_after(served):
     assert rejected.headers.get("Retry-After") == "1" and "Overloaded" in rejected.text
 
 
-def test_moving_the_champion_switches_models_without_dropping_requests(served):
+def test_moving_the_champion_switches_models_without_dropping_requests(served, encoder):
     from ray import serve
 
     from serving.app import build_app
@@ -181,6 +203,10 @@ def test_moving_the_champion_switches_models_without_dropping_requests(served):
         t.join()
     assert codes and set(codes) == {200}, codes
     assert requests.get(served["url"] + "/healthz", timeout=30).json()["model"] == "pair-residual-stsb/2"
+    # the sentences scored under version 1 had their projections cached: version 2 must not reuse them
+    got = requests.post(served["url"] + "/v1/score", json={"pairs": PAIRS}, timeout=60).json()["data"]
+    offline = _offline(served, encoder, PAIRS, "models:/pair-residual-stsb/2")["score"]
+    np.testing.assert_allclose([d["score"] for d in got], offline, atol=1e-5)
 
 
 def test_an_encoder_mismatch_refuses_to_start(served):
