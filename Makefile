@@ -15,7 +15,7 @@ TASK ?= stsb
 SWEEP_ARGS ?=
 MLFLOW_PORT ?= 5000
 
-.PHONY: venv run sweep smoke cluster-start cluster-stop mlflow-ui baseline study test bench chaos clean
+.PHONY: venv run sweep smoke serve cluster-start cluster-stop mlflow-ui baseline study test bench chaos clean
 
 venv: $(STAMP)
 $(STAMP): pyproject.toml
@@ -39,6 +39,11 @@ sweep: venv
 
 smoke: venv
 	$(BIN)/python sweeps/pair_residual.py --task $(TASK) --smoke-test
+
+## the MLflow champion as a service on http://127.0.0.1:8000 (serving/config.yaml); stop: make cluster-stop
+serve: venv
+	cluster/local.sh status >/dev/null 2>&1 || cluster/local.sh start
+	cluster/local.sh serve serving/config.yaml
 
 cluster-start: venv
 	cluster/local.sh start
@@ -66,6 +71,7 @@ bench: venv
 	$(BIN)/python benchmarks/seed_group.py
 	$(BIN)/python benchmarks/tune_overhead.py
 	$(BIN)/python benchmarks/serve_bench.py
+	$(BIN)/python benchmarks/serve_bench.py --direct-ingress
 
 ## fault injection: a trial worker and a Serve replica killed mid-run (results/benchmarks/chaos.json)
 chaos: venv

@@ -4,6 +4,7 @@
 # every Ray process on the machine).
 #
 #   cluster/local.sh start | stop | status | submit -- python sweeps/pair_residual.py --task stsb
+#   cluster/local.sh serve [serving/config.yaml]   # serve deploy on this cluster, wait until RUNNING
 #
 # Environment: VENV (.venv), EMBED_RAY_DIR (.cache/ray_local), RAY_PORT (6390), RAY_DASHBOARD_PORT (8265),
 # RAY_CLIENT_PORT (6391), RAY_AGENT_PORT (52375), RAY_AGENT_GRPC_PORT, RAY_RUNTIME_ENV_AGENT_PORT,
@@ -92,6 +93,21 @@ print(json.dumps({"working_dir": ".", "excludes": json.load(open(sys.argv[1]))["
     status="${status^^}"
     echo "Job '$id' ${status:-UNKNOWN}"
     [[ "$status" == "SUCCEEDED" ]] ;;
+  serve)
+    # deploy a Serve config (default serving/config.yaml) on this cluster and wait until it is RUNNING
+    config="${2:-$ROOT/serving/config.yaml}"
+    running || { echo "local Ray is not running: cluster/local.sh start first" >&2; exit 1; }
+    cd "$ROOT"
+    serve deploy "$config" --address "http://127.0.0.1:$DASH"
+    for _ in $(seq 1 300); do
+      st=$(serve status --address "http://127.0.0.1:$DASH" 2>&1 || true)
+      if grep -q "DEPLOY_FAILED\|UNHEALTHY" <<<"$st"; then echo "$st" >&2; exit 1; fi
+      if ! grep -q "DEPLOYING\|NOT_STARTED\|UPDATING" <<<"$st" && grep -q "status: RUNNING" <<<"$st"; then
+        port=$(python3 -c 'import sys, yaml; print((yaml.safe_load(open(sys.argv[1])).get("http_options") or {}).get("port", 8000))' "$config" 2>/dev/null || echo 8000)
+        echo "Serve application RUNNING: http://127.0.0.1:$port/docs"; exit 0; fi
+      sleep 2
+    done
+    echo "Serve application not RUNNING after 600 s:" >&2; echo "$st" >&2; exit 1 ;;
   *)
-    echo "usage: $0 start | stop | status | submit -- COMMAND..." >&2; exit 2 ;;
+    echo "usage: $0 start | stop | status | submit -- COMMAND... | serve [CONFIG]" >&2; exit 2 ;;
 esac

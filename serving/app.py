@@ -6,10 +6,14 @@
 Deployments: `Encoder` (the frozen encoder of the model's manifest, `@serve.batch`ed, with a bounded
 LRU of sentence vectors), an optional `CrossEncoderScorer` (cascade / comparison) and `Ingress`
 (FastAPI, OpenAPI docs at /docs), which is also the pair scorer: it holds the adapter (`reconfigure`
-swaps models in place) and a near cache of vectors, so a request whose sentences are cached makes no
-call beyond the ingress replica. On 2 cores every deployment hop costs ~5 ms of CPU while scoring 32
-cached pairs costs ~0.1 ms: a separate scorer deployment would cost the service most of its throughput.
+swaps models in place), a near cache of vectors and a cache of each sentence's adapter projection, so a
+request whose sentences are cached makes no call beyond the ingress replica and runs only the adapter's
+pair-level layers. On 2 cores every deployment hop costs several ms of CPU while scoring 32 cached pairs
+costs ~0.7 ms: a separate scorer deployment would cost the service most of its throughput.
 The builder refuses a model whose encoder manifest does not match the serving encoder.
+
+Handlers never block the replica's event loop for long (encoding and the cross-encoder run in worker
+threads): the clusters run with Serve's user code on the main loop (cluster/serve.env).
 """
 # no `from __future__ import annotations`: FastAPI reads the request models from real annotations
 

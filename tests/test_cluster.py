@@ -107,6 +107,11 @@ def test_serve_settings_have_one_source_and_reach_every_serving_node():
     for name in ("kuberay/rayservice.yaml", "kuberay/raycluster.yaml"):
         for env in _container_env(load(name)):
             assert {k: env.get(k) for k in settings} == settings, name
+    for name in ("aws.yaml", "gcp.yaml"):
+        cfg = load(name)
+        for cmd in [*cfg["head_start_ray_commands"], *cfg["worker_start_ray_commands"]]:
+            if "ray start" in cmd:
+                assert all(f"{k}={v} " in cmd for k, v in settings.items()), (name, cmd)
     # the environment wins over the file; what is unset is filled in
     environ = {"RAY_SERVE_USE_GRPC_BY_DEFAULT": "0"}
     in_force = apply_serve_env(environ)

@@ -215,3 +215,30 @@ def test_an_encoder_mismatch_refuses_to_start(served):
     _register(served["tracking_uri"], served["data"], manifest_override={"weights_fingerprint": "0" * 32})
     with pytest.raises(ValueError, match="Refusing to serve models:/pair-residual-broken@champion: its encoder differs"):
         build_app({"model_uri": "models:/pair-residual-broken@champion", "tracking_uri": served["tracking_uri"]})
+
+
+def test_serve_deploy_of_the_config_through_local_sh(served, ray_cluster, tmp_path):
+    """The deploy path users run (`make serve`): serving/config.yaml through `cluster/local.sh serve`.
+    Last in this module: a declarative deploy replaces the applications the fixture started."""
+    import subprocess
+
+    import yaml
+
+    from tests.conftest import REPO
+
+    config = yaml.safe_load((REPO / "serving" / "config.yaml").read_text())
+    # Serve's HTTP options are fixed once it runs: keep the fixture's port
+    config["http_options"]["port"] = int(served["url"].rsplit(":", 1)[1])
+    (app,) = config["applications"]
+    app["args"].update(tracking_uri=served["tracking_uri"], warm_corpus=None,
+                       encoder={"min": 1, "max": 1, "num_cpus": 0.25}, ingress={"min": 1, "max": 1, "num_cpus": 0.25})
+    path = tmp_path / "config.yaml"
+    path.write_text(yaml.safe_dump(config))
+    out = subprocess.run([str(REPO / "cluster" / "local.sh"), "serve", str(path)], env=ray_cluster,
+                         capture_output=True, text=True, timeout=600)
+    assert out.returncode == 0, out.stdout + out.stderr
+    assert "Serve application RUNNING" in out.stdout
+    health = requests.get(served["url"] + "/healthz", timeout=30).json()
+    assert health["status"] == "ok" and health["model"].startswith("pair-residual-stsb/")
+    r = requests.post(served["url"] + "/v1/score", json={"pairs": PAIRS}, timeout=60)
+    assert r.status_code == 200 and len(r.json()["data"]) == len(PAIRS)
