@@ -231,6 +231,7 @@ class Ingress:
         _set_threads(self.args.ingress.num_cpus)
         self.tracking_uri = tracking_uri
         self.inflight = 0
+        self._pending_warm: list[str] | None = None  # corpus to fetch from the encoder (see check_health)
         self.model, self.info, self.manifest = None, {}, None
         self.near = LRU(self.args.cache_size)  # vectors this replica has seen: warm requests need no hop
         self.projected = LRU(self.args.projection_cache_size)  # per-sentence adapter projections of self.model
@@ -259,10 +260,30 @@ class Ingress:
         try:
             vectors = EmbeddingCache(self.manifest).get(texts)  # no encoder here: only what is cached
         except KeyError:
-            log.warning("near cache not warmed: %s is not fully in the embedding cache", corpus)
+            # a cold start: the encoder replica is still encoding the corpus; fetch it from there later
+            log.info("%s is not fully in the embedding cache yet: the near cache warms from the encoder", corpus)
+            self._pending_warm = texts
             return
         for t, v in zip(texts, vectors):
             self.near.put(t, v)
+
+    async def check_health(self) -> None:
+        """Serve's periodic health check (every 10 s); after a cold start it also begins warming the near cache
+        from the encoder deployment, in the background."""
+        if self._pending_warm:
+            texts, self._pending_warm = self._pending_warm, None
+            self._warm_task = asyncio.create_task(self._warm_near_from_encoder(texts))
+
+    async def _warm_near_from_encoder(self, texts: list[str], chunk: int = 1024) -> None:
+        try:
+            for i in range(0, len(texts), chunk):
+                part = [t for t in texts[i: i + chunk] if t not in self.near]
+                if part:
+                    for t, v in zip(part, await self.encoder.embed.remote(part)):
+                        self.near.put(t, v)
+            log.info("near cache warmed from the encoder: %d sentences", len(texts))
+        except Exception:  # the service works without it: warm requests then make one hop more
+            log.exception("warming the near cache from the encoder failed")
 
     async def _vectors(self, texts: list[str]) -> np.ndarray:
         found, missing = self.near.get_many(texts)

@@ -101,3 +101,22 @@ def test_vector_scaling_is_not_a_scalar():
     _perturb(model)
     out = model(xa, xb)
     assert (out.score - out.s0).abs().max() > 1e-3
+
+
+@pytest.mark.parametrize("form,control", [fc for fc in ALL if fc[1] != "shuffled"])  # shuffled draws a permutation
+def test_cached_projections_score_exactly_like_the_full_forward(form, control):
+    """What the serving ingress does for warm sentences: their projections computed once, then reused."""
+    import numpy as np
+
+    from embed_lib.export import ensemble_scores, project
+
+    model = PairAdapter(form, D, [0, 1, 2], control=control).eval()
+    _perturb(model)
+    xa, xb = _inputs()
+    xa, xb = xa[0].numpy(), xb[0].numpy()
+    full = ensemble_scores(model, xa, xb)
+    ha, hb = project(model, xa), project(model, xb)
+    assert (ha is None) == (form == "baseline")
+    cached = ensemble_scores(model, xa, xb, ha, hb)
+    for key in ("score", "baseline", "difficulty"):
+        np.testing.assert_allclose(cached[key], full[key], rtol=0, atol=1e-6)

@@ -13,6 +13,8 @@ import requests
 from tests.conftest import free_ports
 
 pytestmark = pytest.mark.integration
+CORPUS = ["A corpus sentence about warm caches.", "Another corpus sentence, warmed at start.",
+          "A third sentence of the warm corpus."]
 PAIRS = [["A man is playing a guitar.", "A man plays the guitar."],
          ["A woman is slicing an onion.", "The stock market fell sharply."],
          ["Two dogs run through the snow.", "Two dogs are running in snow."]]
@@ -57,8 +59,10 @@ def served(ray_cluster, stsb_embedded, tmp_path_factory):
     ray.init(address=ray_cluster["RAY_ADDRESS"], ignore_reinit_error=True, log_to_driver=False)
     (port,) = free_ports(1)
     serve.start(http_options={"host": "127.0.0.1", "port": port})
+    corpus = tmp_path_factory.mktemp("corpus") / "corpus.txt"
+    corpus.write_text("\n".join(CORPUS) + "\n")
     args = {"model_uri": "models:/pair-residual-stsb@champion", "tracking_uri": tracking_uri, "max_pairs": 8,
-            "max_text_chars": 200, "max_inflight": 2}
+            "max_text_chars": 200, "max_inflight": 2, "warm_corpus": str(corpus)}
     serve.run(build_app(args), name="scorer", route_prefix="/")
     yield {"url": f"http://127.0.0.1:{port}", "tracking_uri": tracking_uri, "data": data, "args": args}
     serve.shutdown()
@@ -73,6 +77,24 @@ def _offline(served, encoder, pairs, uri="models:/pair-residual-stsb@champion"):
     xa = encoder.encode([a for a, _ in pairs])
     xb = encoder.encode([b for _, b in pairs])
     return ensemble_scores(model, xa, xb)
+
+
+def test_the_warm_corpus_reaches_the_ingress_near_cache(served):
+    """First in this module: the near cache then holds the warm corpus only. It warms from the embedding cache
+    at start, or, where the encoder replica had not finished writing it, from the encoder at a health check."""
+    import time
+
+    deadline = time.time() + 60
+    while True:
+        (info,) = requests.get(served["url"] + "/v1/models", timeout=30).json()["data"]
+        if info["near_cache"]["size"] == len(CORPUS) or time.time() > deadline:
+            break
+        time.sleep(1)
+    assert info["near_cache"]["size"] == len(CORPUS), info["near_cache"]
+    assert requests.post(served["url"] + "/v1/score", json={"pairs": [CORPUS[:2]]}, timeout=60).status_code == 200
+    (after,) = requests.get(served["url"] + "/v1/models", timeout=30).json()["data"]
+    assert after["near_cache"]["hits"] == info["near_cache"]["hits"] + 2
+    assert after["near_cache"]["misses"] == info["near_cache"]["misses"]
 
 
 def test_scores_equal_the_offline_library(served, encoder):
