@@ -113,7 +113,8 @@ def _one_thread_pairs_per_s(score, seconds: float) -> float:
 
 
 def _direct_ingress_port(app: str) -> int:
-    """The HTTP port the application's ingress replica serves on under direct ingress (from the controller)."""
+    """The HTTP port the application's ingress replica serves on under direct ingress (asked of the Serve
+    controller: `get_target_groups` is what Serve's own HAProxy manager reads; Ray has no public call for it)."""
     import ray
     from ray.serve._private.constants import SERVE_CONTROLLER_NAME, SERVE_NAMESPACE
 

@@ -55,8 +55,9 @@ class AppArgs(BaseModel):
     batch_wait_timeout_s: float = Field(0.005, ge=0)
     cache_size: int = Field(200_000, ge=0, description="sentence vectors kept per encoder replica (LRU) and per "
                             "ingress replica (near cache)")
-    projection_cache_size: int = Field(50_000, ge=0, description="sentences whose adapter projection (S x width "
-                                       "floats) each ingress replica keeps (LRU, emptied when the model changes)")
+    projection_cache_size: int = Field(50_000, ge=0, description="sentences whose adapter projection (seeds x width "
+                                       "floats: 2.5 KB for 5 seeds of width 128) each ingress replica keeps (LRU, "
+                                       "emptied when the model changes)")
     warm_corpus: str | None = Field(None, description="pre-embed at startup: 'task:<name>' (from the embedding "
                                     "cache embed_lib built) or a text file, one sentence per line")
     max_inflight: int = Field(64, ge=1, description="requests in flight per ingress replica before 503")
@@ -232,6 +233,7 @@ class Ingress:
         self.tracking_uri = tracking_uri
         self.inflight = 0
         self._pending_warm: list[str] | None = None  # corpus to fetch from the encoder (see check_health)
+        self._warm_task: asyncio.Task | None = None
         self.model, self.info, self.manifest = None, {}, None
         self.near = LRU(self.args.cache_size)  # vectors this replica has seen: warm requests need no hop
         self.projected = LRU(self.args.projection_cache_size)  # per-sentence adapter projections of self.model
