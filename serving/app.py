@@ -34,7 +34,7 @@ from ray import serve
 from embed_lib.export import ensemble_scores, project
 from serving.schemas import RerankRequest, ScoreRequest, WarmRequest, check_texts
 
-log = logging.getLogger("serving")
+log = logging.getLogger("ray.serve")  # Serve's logger: lines land in the replica's log, tagged with the replica
 
 
 class Replicas(BaseModel):
