@@ -95,7 +95,8 @@ print(json.dumps({"working_dir": ".", "excludes": json.load(open(sys.argv[1]))["
     [[ "$status" == "SUCCEEDED" ]] ;;
   serve)
     # deploy a Serve config (default serving/config.yaml) on this cluster and wait until it is RUNNING
-    config="${2:-$ROOT/serving/config.yaml}"
+    config="$(realpath "${2:-$ROOT/serving/config.yaml}")"
+    [[ -f "$config" ]] || { echo "no Serve config at $config" >&2; exit 1; }
     running || { echo "local Ray is not running: cluster/local.sh start first" >&2; exit 1; }
     cd "$ROOT"
     serve deploy "$config" --address "http://127.0.0.1:$DASH"
