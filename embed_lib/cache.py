@@ -47,6 +47,13 @@ def cache_key(manifest: Mapping[str, Any]) -> str:
     return hashlib.sha256(blob.encode()).hexdigest()[:20]
 
 
+def manifest_mismatch(trained: Mapping[str, Any], here: Mapping[str, Any]) -> dict[str, tuple[Any, Any]]:
+    """{field: (trained, here)} where two encoder manifests give different vectors; {} when they agree."""
+    if cache_key(trained) == cache_key(here):
+        return {}
+    return {f: (trained.get(f), here.get(f)) for f in KEY_FIELDS if trained.get(f) != here.get(f)}
+
+
 def _checksum(arr: np.ndarray) -> str:
     return hashlib.blake2b(np.ascontiguousarray(arr).data, digest_size=16).hexdigest()
 

@@ -66,6 +66,13 @@ class EncoderConfig:
     def to_dict(self) -> dict[str, Any]:
         return dataclasses.asdict(self)
 
+    @classmethod
+    def from_manifest(cls, manifest: dict[str, Any], **overrides: Any) -> "EncoderConfig":
+        """The configuration that reproduces an encoder manifest's vectors (model, revision, TempScale,
+        truncation, dtype); `overrides` set what does not change them (batch_size, device)."""
+        return cls(model=manifest["encoder"], revision=manifest.get("revision"), tau_attn=manifest["tau_attn"],
+                   max_seq_length=manifest["max_seq_length"], dtype=manifest.get("dtype", "float32"), **overrides)
+
 
 def default_cache_dir() -> Path:
     """Where embeddings and teacher scores are cached: $EMBED_CACHE_DIR or ./.cache/embed_lib."""

@@ -23,16 +23,15 @@ class PairAdapterModel(PythonModel):
 
     def _encode(self, texts: list[str]) -> np.ndarray:
         if self._encoder is None:
-            from embed_lib.cache import cache_key
+            from embed_lib.cache import manifest_mismatch
             from embed_lib.config import EncoderConfig
             from embed_lib.encoders import FrozenEncoder
 
-            enc = FrozenEncoder(EncoderConfig(model=self.manifest["encoder"], revision=self.manifest["revision"],
-                                              tau_attn=self.manifest["tau_attn"],
-                                              max_seq_length=self.manifest["max_seq_length"]))
-            if cache_key(enc.manifest()) != cache_key(self.manifest):
+            enc = FrozenEncoder(EncoderConfig.from_manifest(self.manifest))
+            diff = manifest_mismatch(self.manifest, enc.manifest())
+            if diff:
                 raise ValueError("The encoder available here differs from the one this adapter was trained on "
-                                 f"(weights {enc.weights_fingerprint()} vs {self.manifest['weights_fingerprint']}).")
+                                 f"(field: (trained, here) = {diff}).")
             self._encoder = enc
         return self._encoder.encode(texts)
 

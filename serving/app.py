@@ -135,17 +135,16 @@ class Encoder:
 
     def __init__(self, manifest: dict[str, Any], cache_size: int, max_batch_size: int, batch_wait_timeout_s: float,
                  warm_corpus: str | None, num_cpus: float) -> None:
-        from embed_lib.cache import cache_key
+        from embed_lib.cache import manifest_mismatch
         from embed_lib.config import EncoderConfig
         from embed_lib.encoders import FrozenEncoder
 
         _set_threads(num_cpus)
-        self.encoder = FrozenEncoder(EncoderConfig(model=manifest["encoder"], revision=manifest.get("revision"),
-                                                   tau_attn=manifest["tau_attn"], max_seq_length=manifest["max_seq_length"],
-                                                   batch_size=max_batch_size))
-        if cache_key(self.encoder.manifest()) != cache_key(manifest):
-            raise RuntimeError(f"Refusing to start: the serving encoder ({self.encoder.manifest()}) differs from the "
-                               f"model's ({manifest}).")
+        self.encoder = FrozenEncoder(EncoderConfig.from_manifest(manifest, batch_size=max_batch_size))
+        diff = manifest_mismatch(manifest, self.encoder.manifest())
+        if diff:
+            raise RuntimeError(f"Refusing to start: the serving encoder differs from the model's "
+                               f"(field: (trained, serving) = {diff}).")
         self.manifest = manifest
         self.cache = LRU(cache_size)
         self._encode_batch.set_max_batch_size(max_batch_size)

@@ -37,7 +37,7 @@ def pinned_uri(model_uri: str, tracking_uri: str | None) -> str:
 
 def resolve_manifest(model_uri: str, tracking_uri: str | None) -> dict[str, Any]:
     """The encoder manifest of a registered adapter; raises if it does not match the encoder available here."""
-    from embed_lib.cache import cache_key
+    from embed_lib.cache import manifest_mismatch
     from embed_lib.config import EncoderConfig, default_cache_dir
     from embed_lib.encoders import encoder_manifest
     from embed_lib.registry import download_adapter
@@ -49,11 +49,8 @@ def resolve_manifest(model_uri: str, tracking_uri: str | None) -> dict[str, Any]
         raise ValueError(f"Cannot load {model_uri!r} from MLflow ({tracking_uri or 'default tracking URI'}): {exc}. "
                          "Check model_uri (models:/<name>@<alias>) and tracking_uri.") from exc
     manifest = json.loads((adapter_dir / "encoder_manifest.json").read_text())
-    here = encoder_manifest(EncoderConfig(model=manifest["encoder"], revision=manifest.get("revision"),
-                                          tau_attn=manifest["tau_attn"], max_seq_length=manifest["max_seq_length"]),
-                            default_cache_dir())
-    if cache_key(here) != cache_key(manifest):
-        diff = {k: (manifest.get(k), here.get(k)) for k in here if manifest.get(k) != here.get(k) and k != "versions"}
+    diff = manifest_mismatch(manifest, encoder_manifest(EncoderConfig.from_manifest(manifest), default_cache_dir()))
+    if diff:
         raise ValueError(f"Refusing to serve {model_uri}: its encoder differs from the one available here "
                          f"(field: (trained, serving) = {diff}). Serve it where its encoder is installed, or retrain.")
     return manifest

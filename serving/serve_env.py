@@ -25,6 +25,7 @@ def apply_serve_env(environ: dict[str, str] | None = None) -> dict[str, str]:
     """Set the file's variables where the environment does not set them already (call before ray.init: the
     processes of a local Ray inherit them); returns the values in force."""
     environ = os.environ if environ is None else environ
-    for key, value in serve_env().items():
+    settings = serve_env()
+    for key, value in settings.items():
         environ.setdefault(key, value)
-    return {key: environ[key] for key in serve_env()}
+    return {key: environ[key] for key in settings}

@@ -93,3 +93,43 @@ def test_config_validation_names_field_and_range():
         AdapterConfig.from_dict({"gama": 0.1})
     cfg = AdapterConfig()
     assert AdapterConfig.from_dict(dataclasses.asdict(cfg)) == cfg
+
+
+@pytest.mark.integration
+def test_the_mlflow_model_scores_vectors_and_sentences_like_the_library(small, encoder, tmp_path):
+    """Round trip through the MLflow registry: the pyfunc model (models from code) on cached vectors and on
+    texts (encoded by the manifest's encoder) equals `ensemble_scores`; a manifest naming other weights is refused."""
+    import json
+
+    import mlflow
+    import pandas as pd
+
+    from embed_lib.export import ensemble_scores, load_adapter
+    from embed_lib.registry import download_adapter, log_adapter_model
+    from embed_lib.tracking import set_experiment
+
+    tracking = f"sqlite:///{tmp_path / 'mlflow.db'}"
+    set_experiment("pyfunc-tests", tracking)
+    result = train_seed_group(_cfg(epochs=1, n_seeds=2), small)
+    with mlflow.start_run():
+        info = log_adapter_model(result, small)
+    model = mlflow.pyfunc.load_model(info.model_uri)
+    texts = [("A man is playing a guitar.", "A man plays the guitar."), ("A cat sleeps.", "Stocks fell sharply.")]
+    xa, xb = encoder.encode([a for a, _ in texts]), encoder.encode([b for _, b in texts])
+    adapter_dir = download_adapter(info.model_uri, tracking_uri=tracking)
+    expected = ensemble_scores(load_adapter(adapter_dir)[0], xa, xb)["score"]
+    by_text = model.predict(pd.DataFrame({"sentence1": [a for a, _ in texts], "sentence2": [b for _, b in texts]}))
+    by_vector = model.predict(pd.DataFrame({"emb_a": list(xa), "emb_b": list(xb)}))
+    np.testing.assert_allclose(by_text["score"], expected, atol=1e-5)
+    np.testing.assert_allclose(by_vector["score"], expected, atol=1e-6)
+    with pytest.raises(ValueError, match="Input needs columns emb_a/emb_b or sentence1/sentence2"):
+        model.predict(pd.DataFrame({"x": [1]}))
+
+    # the same model whose manifest names other encoder weights: scoring texts is refused, naming the field
+    broken = tmp_path / "broken"
+    mlflow.artifacts.download_artifacts(artifact_uri=info.model_uri, dst_path=str(broken), tracking_uri=tracking)
+    manifest_file = broken / "artifacts" / "adapter" / "encoder_manifest.json"
+    manifest = json.loads(manifest_file.read_text())
+    manifest_file.write_text(json.dumps({**manifest, "weights_fingerprint": "0" * 32}))
+    with pytest.raises(ValueError, match="weights_fingerprint"):
+        mlflow.pyfunc.load_model(str(broken)).predict(pd.DataFrame({"sentence1": ["a"], "sentence2": ["b"]}))
