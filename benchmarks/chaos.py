@@ -26,7 +26,7 @@ def _actors(name_part: str):
 def trial_worker_kill(data) -> dict:
     from ray import tune
 
-    from sweeps.tune_helpers import make_trainable
+    from sweeps.trainable import make_trainable
 
     fixed = {"adapter": "pair_gated", "target": "lexical", "epochs": 6, "n_seeds": 5}
     tuner = tune.Tuner(make_trainable(data, fixed, 1, 0), param_space={"gamma": tune.grid_search([0.05, 0.1, 0.15, 0.2])},

@@ -43,7 +43,7 @@ def main() -> None:
         import ray
         from ray import tune
 
-        from sweeps.tune_helpers import make_trainable
+        from sweeps.trainable import make_trainable
 
         ray.init(include_dashboard=False, log_to_driver=False)
         fixed = {"adapter": "pair_gated", "target": "lexical", "n_seeds": 5, "epochs": 8}

@@ -18,7 +18,7 @@ from ray import tune  # noqa: E402
 from embed_lib.config import AdapterConfig  # noqa: E402
 from embed_lib.study import load_study  # noqa: E402
 from embed_lib.train import train_seed_group  # noqa: E402
-from sweeps.tune_helpers import make_trainable  # noqa: E402
+from sweeps.trainable import make_trainable  # noqa: E402
 
 
 def main() -> None:

@@ -13,10 +13,18 @@ Forms (DESIGN.md sections 2, 4, 5), all reproducing the anchor s0 exactly at ini
   h = LayerNorm(W x + b);
 - "pair_gated": s = s0 + gamma * g * tanh(MLP_d(phi)), g = sigmoid(MLP_g(phi)) supervised towards a
   difficulty target; control "constant": g = 1/2;
-- "per_sentence": c = sigmoid(MLP_c(h)), alpha = 1 + alpha0 * tanh(G([h, c])) a vector over the
-  embedding dimensions, v = alpha * x, s = s_p(v_a, v_b); "per_sentence_preserving" mixes
-  w = (1 - gamma) x + gamma v and scores s_p(w_a, w_b). Controls replace c: "h_only" (c input zeroed),
-  "constant" (c = 1/2), "global" (one learned c per seed), "shuffled" (c permuted within the batch).
+- "per_sentence" (DESIGN.md section 2, as the reference study defines it): h = LayerNorm(W x + b) in the
+  embedding's own dimension d, c = sigmoid(MLP_c(h)), alpha = 1 + alpha0 * tanh(G([h, c])) a vector over
+  the d working dimensions, u = normalize(alpha * h), s = cos(u_a, u_b). It starts from cos(h_a, h_b),
+  not from the frozen cosine: the working representation is trained from scratch, which is why this form
+  can fall below the baseline. "per_sentence_preserving" mixes with the baseline vector,
+  w = normalize((1 - gamma) normalize(x) + gamma u), and scores cos(w_a, w_b). Controls replace c:
+  "h_only" (c input zeroed), "constant" (c = 1/2), "global" (one learned c per seed), "shuffled"
+  (c permuted within the batch).
+
+Anchoring away from the training data (pair forms, optional): a novelty gate multiplies the residual by
+w_nov = clip((min(f_a, f_b) - lo) / (hi - lo), 0, 1), f(x) = max cosine of x to the training sentences
+(`NoveltyGate`). A pair with a sentence less familiar than `lo` gets the frozen score s0 exactly.
 """
 from __future__ import annotations
 
@@ -84,6 +92,31 @@ def sim_p(a: torch.Tensor, b: torch.Tensor, p: torch.Tensor | float) -> torch.Te
     return (a * b).sum(-1) / (na.pow(p) * nb.pow(p))
 
 
+class NoveltyGate(nn.Module):
+    """Familiarity of a sentence, f(x) = max_r cos(x, r) over reference (training) sentence vectors, and the
+    pair weight w = clip((min(f_a, f_b) - lo) / (hi - lo), 0, 1). No trainable parameters: lo and hi are
+    quantiles of the training sentences' leave-one-out familiarity (see `embed_lib.train`)."""
+
+    def __init__(self, ref: torch.Tensor, lo: float, hi: float) -> None:
+        super().__init__()
+        if ref.dim() != 2 or ref.shape[0] < 1:
+            raise ValueError(f"NoveltyGate needs reference vectors of shape (R, d), R >= 1; got {tuple(ref.shape)}.")
+        if not hi > lo:
+            raise ValueError(f"NoveltyGate needs hi > lo; got lo={lo}, hi={hi}.")
+        self.register_buffer("ref", F.normalize(ref.float(), dim=-1))  # (R, d)
+        self.register_buffer("bounds", torch.tensor([float(lo), float(hi)]))
+
+    def familiarity(self, x: torch.Tensor, chunk: int = 4096) -> torch.Tensor:
+        """(n, d) -> (n,) max cosine to the reference sentences."""
+        xn = F.normalize(x.float(), dim=-1)
+        return torch.cat([(xn[i: i + chunk] @ self.ref.T).amax(-1) for i in range(0, len(xn), chunk)]) if len(xn) \
+            else xn.new_zeros(0)
+
+    def weight(self, fa: torch.Tensor, fb: torch.Tensor) -> torch.Tensor:
+        lo, hi = self.bounds[0], self.bounds[1]
+        return ((torch.minimum(fa, fb) - lo) / (hi - lo)).clamp(0.0, 1.0)
+
+
 @dataclass
 class AdapterOutput:
     score: torch.Tensor  # (S, B)
@@ -93,6 +126,7 @@ class AdapterOutput:
     c_b: torch.Tensor | None = None
     norm_a: torch.Tensor | None = None  # (S, B) pre-normalisation norms for the modulus term
     norm_b: torch.Tensor | None = None
+    novelty: torch.Tensor | None = None  # (S, B) novelty-gate weight w_nov (1: familiar pair)
 
 
 class PairAdapter(nn.Module):
@@ -100,7 +134,7 @@ class PairAdapter(nn.Module):
 
     def __init__(self, form: str, dim: int, seeds: list[int], *, control: str = "none", width: int = 128,
                  hidden: int = 128, gamma: float = 0.1, alpha0: float = 0.5, p: float = 1.0,
-                 learn_p: bool = False) -> None:
+                 learn_p: bool = False, novelty: NoveltyGate | None = None) -> None:
         super().__init__()
         if form not in FORMS:
             raise ValueError(f"Unknown adapter form {form!r}. Valid forms: {list(FORMS)}.")
@@ -114,8 +148,14 @@ class PairAdapter(nn.Module):
             self.p_hat = nn.Parameter(torch.full((S, 1), math.log(p0 / (1 - p0))))
         else:
             self.register_buffer("p_fixed", torch.tensor(float(p)))
+        if novelty is not None and not form.startswith("pair"):
+            raise ValueError(f"The novelty gate applies to the pair forms; form {form!r} has no residual to close.")
+        self.novelty = novelty
         if form == "baseline":
             return
+        if form.startswith("per_sentence"):
+            width = dim  # the preserving mix adds u to the baseline vector: the same space
+        self.width = width
         self.proj = SeedLinear([s * 104729 + 3 for s in seeds], dim, width)
         self.norm = SeedLayerNorm(S, width)
         if form.startswith("pair"):
@@ -130,41 +170,72 @@ class PairAdapter(nn.Module):
                 self.c_global = nn.Parameter(torch.zeros(S, 1, 1))
             self.scale = SeedLinear(seeds, width + 1, dim, zero=True)
 
+    @classmethod
+    def from_config(cls, cfg, dim: int, novelty: NoveltyGate | None = None) -> "PairAdapter":
+        """The adapter an `AdapterConfig` describes, over `dim`-dimensional vectors."""
+        return cls(cfg.adapter, dim, cfg.seeds, control=cfg.control, width=cfg.width, hidden=cfg.hidden,
+                   gamma=cfg.gamma, alpha0=cfg.alpha0, p=cfg.p, learn_p=cfg.learn_p, novelty=novelty)
+
     @property
     def p(self) -> torch.Tensor:
         """(S, 1) or scalar normalisation exponent."""
         return torch.sigmoid(self.p_hat) if self.learn_p else self.p_fixed
 
     def working(self, x: torch.Tensor) -> torch.Tensor:
-        """h = LayerNorm(W x + b); (S, B, d) -> (S, B, width)."""
-        return self.norm(self.proj(x))
+        """What a pair's score needs of each sentence beyond its vector: h = LayerNorm(W x + b), and with a
+        novelty gate its familiarity as one more column; (S, B, d) -> (S, B, width [+ 1])."""
+        h = self.norm(self.proj(x))
+        if self.novelty is None:
+            return h
+        fam = self.novelty.familiarity(x[0])  # the same vectors for every seed: computed once
+        return torch.cat([h, fam.view(1, -1, 1).expand(h.shape[0], -1, 1)], dim=-1)
+
+    def _split(self, h: torch.Tensor, fam: torch.Tensor | None) -> tuple[torch.Tensor, torch.Tensor | None]:
+        if self.novelty is not None and h.shape[-1] == self.width + 1:
+            return h[..., :-1], (h[..., -1] if fam is None else fam)
+        return h, fam
 
     def forward(self, xa: torch.Tensor, xb: torch.Tensor, ha: torch.Tensor | None = None,
-                hb: torch.Tensor | None = None) -> AdapterOutput:
-        """xa, xb: (S, B, d) raw pooled vectors -> scores (S, B). ha, hb: their working representations
-        `working(x)` (S, B, width) where the caller keeps them per sentence (a serving cache); else computed."""
+                hb: torch.Tensor | None = None, fam_a: torch.Tensor | None = None,
+                fam_b: torch.Tensor | None = None) -> AdapterOutput:
+        """xa, xb: (S, B, d) raw pooled vectors -> scores (S, B). ha, hb: `working(x)` where the caller keeps it
+        per sentence (a serving cache); else computed. fam_a, fam_b: (S, B) familiarity for the novelty gate
+        where the caller has it (training passes the leave-one-out values of training sentences)."""
         s0 = sim_p(xa, xb, self.p)
         if self.form == "baseline":
             return AdapterOutput(s0, s0)
         if ha is None or hb is None:
             B = xa.shape[1]
-            h = self.working(torch.cat([xa, xb], dim=1))  # one projection for both sides: (S, 2B, width)
+            if self.novelty is not None and fam_a is not None and fam_b is not None:
+                h = self.norm(self.proj(torch.cat([xa, xb], dim=1)))  # familiarity given: skip its search
+            else:
+                h = self.working(torch.cat([xa, xb], dim=1))  # one projection for both sides: (S, 2B, width)
             ha, hb = h[:, :B], h[:, B:]
+        ha, fam_a = self._split(ha, fam_a)
+        hb, fam_b = self._split(hb, fam_b)
         if self.form.startswith("pair"):
             phi = torch.cat([(ha - hb).abs(), ha * hb], dim=-1)  # (S, B, 2 width), symmetric in a, b
-            delta = torch.tanh(self.delta(phi)).squeeze(-1)
+            step = self.gamma * torch.tanh(self.delta(phi)).squeeze(-1)
+            w = None
+            if self.novelty is not None:
+                if fam_a is None or fam_b is None:
+                    fam_a, fam_b = (self.novelty.familiarity(x[0]).expand(x.shape[0], -1) for x in (xa, xb))
+                w = self.novelty.weight(fam_a, fam_b)
+                step = step * w
+            norms = dict(norm_a=ha.norm(dim=-1), norm_b=hb.norm(dim=-1), novelty=w)
             if self.form == "pair_ungated":
-                return AdapterOutput(s0 + self.gamma * delta, s0, norm_a=ha.norm(dim=-1), norm_b=hb.norm(dim=-1))
-            g = (torch.full_like(delta, 0.5) if self.control == "constant"
+                return AdapterOutput(s0 + step, s0, **norms)
+            g = (torch.full_like(step, 0.5) if self.control == "constant"
                  else torch.sigmoid(self.gate(phi)).squeeze(-1))
-            return AdapterOutput(s0 + self.gamma * g * delta, s0, gate=g, norm_a=ha.norm(dim=-1),
-                                 norm_b=hb.norm(dim=-1))
+            # where w_nov = 0 the product is exactly 0: the frozen score, to the last bit
+            return AdapterOutput(s0 + g * step, s0, gate=g, **norms)
         ca, cb = self._complexity(ha), self._complexity(hb)
-        va, vb = self._scaled(xa, ha, ca), self._scaled(xb, hb, cb)
+        va, vb = self._scaled(ha, ca), self._scaled(hb, cb)  # alpha * h, before normalisation
+        ua, ub = F.normalize(va, dim=-1), F.normalize(vb, dim=-1)
         if self.form == "per_sentence_preserving":
-            va = (1 - self.gamma) * xa + self.gamma * va
-            vb = (1 - self.gamma) * xb + self.gamma * vb
-        return AdapterOutput(sim_p(va, vb, self.p), s0, c_a=ca.squeeze(-1), c_b=cb.squeeze(-1),
+            ua = F.normalize((1 - self.gamma) * F.normalize(xa, dim=-1) + self.gamma * ua, dim=-1)
+            ub = F.normalize((1 - self.gamma) * F.normalize(xb, dim=-1) + self.gamma * ub, dim=-1)
+        return AdapterOutput((ua * ub).sum(-1), s0, c_a=ca.squeeze(-1), c_b=cb.squeeze(-1),
                              norm_a=va.norm(dim=-1), norm_b=vb.norm(dim=-1))
 
     def _complexity(self, h: torch.Tensor) -> torch.Tensor:
@@ -176,13 +247,13 @@ class PairAdapter(nn.Module):
             return torch.sigmoid(self.c_global).expand(S, B, 1)
         return torch.sigmoid(self.c_net(h))
 
-    def _scaled(self, x: torch.Tensor, h: torch.Tensor, c: torch.Tensor) -> torch.Tensor:
+    def _scaled(self, h: torch.Tensor, c: torch.Tensor) -> torch.Tensor:
         c_in = torch.zeros_like(c) if self.control == "h_only" else c
         if self.control == "shuffled":
             c_in = c_in[:, torch.randperm(c.shape[1], device=c.device)]
         alpha = 1 + self.alpha0 * torch.tanh(self.scale(torch.cat([h, c_in], dim=-1)))  # (S, B, d)
-        return alpha * x
+        return alpha * h
 
     def n_parameters(self) -> int:
-        """Trainable parameters of one seed's model."""
+        """Trainable parameters of one seed's model (the novelty gate's reference vectors are buffers)."""
         return sum(p.numel() for p in self.parameters() if p.requires_grad) // len(self.seeds)

@@ -18,7 +18,7 @@ from typing import Sequence
 
 from embed_lib.cache import EmbeddedTask, EmbeddingCache
 from embed_lib.config import EncoderConfig, default_cache_dir
-from embed_lib.study import LazyEncoder, embed_splits
+from embed_lib.study import LazyEncoder, default_transfer, embed_splits
 from embed_lib.metrics import cosine, evaluate
 from embed_lib.tasks import SPLITS, distinct_texts, load_splits, task_names
 
@@ -111,24 +111,39 @@ def field_docs(cls) -> dict[str, str]:
     return docs
 
 
-def _add_teacher(p: argparse.ArgumentParser) -> None:
+def _add_teacher(p: argparse.ArgumentParser, default_preset: str = "strong") -> None:
+    """The teacher flags, shared by every command and by the sweeps."""
+    from embed_lib.teacher import PRESETS
+
     p.add_argument("--teacher", default="minilm",
-                   help="cross-encoder base weights to fine-tune with K-fold cross-fitting, or a pretrained "
-                        "cross-encoder with --teacher-pretrained (default: minilm)")
+                   help="teacher backbone, independent of --encoder: weights to fine-tune with K-fold cross-fitting "
+                        "(sentence-transformers / transformers id or local directory, alias 'minilm'), or a "
+                        "pretrained cross-encoder with --teacher-pretrained (default: minilm)")
     p.add_argument("--teacher-pretrained", action="store_true", help="--teacher is already a cross-encoder")
-    p.add_argument("--teacher-folds", type=int, default=2, help="cross-fitting folds (default 2)")
-    p.add_argument("--teacher-epochs", type=int, default=1, help="fine-tuning epochs per fold (default 1)")
-    p.add_argument("--teacher-lr", type=float, default=1e-4, help="fine-tuning learning rate (default 1e-4)")
+    p.add_argument("--teacher-preset", choices=sorted(PRESETS), default=default_preset,
+                   help="teacher recipe: " + "; ".join(f"{k}: {v}" for k, v in PRESETS.items())
+                        + f" (default {default_preset})")
+    p.add_argument("--teacher-folds", type=int, default=None, help="cross-fitting folds (overrides the preset)")
+    p.add_argument("--teacher-epochs", type=int, default=None, help="most epochs per fold (overrides the preset)")
+    p.add_argument("--teacher-lr", type=float, default=None, help="peak learning rate (default 5e-5)")
+    p.add_argument("--teacher-max-length", type=int, default=None, help="tokens per pair (default 128)")
     p.add_argument("--no-teacher", action="store_true", help="skip the teacher (no ce_margin target)")
 
 
 def teacher_config(args: argparse.Namespace):
-    from embed_lib.teacher import TeacherConfig
+    from embed_lib.teacher import teacher_preset
 
     if args.no_teacher:
         return None
-    return TeacherConfig(model=args.teacher, pretrained=args.teacher_pretrained, folds=args.teacher_folds,
-                         epochs=args.teacher_epochs, lr=args.teacher_lr)
+    overrides = {k: v for k, v in (("folds", args.teacher_folds), ("epochs", args.teacher_epochs),
+                                   ("lr", args.teacher_lr), ("max_length", args.teacher_max_length))
+                 if v is not None}
+    return teacher_preset(args.teacher_preset, model=args.teacher, pretrained=args.teacher_pretrained, **overrides)
+
+
+def teacher_progress(task: str):
+    """A progress printer for the teacher's folds and epochs (stderr, one line per step)."""
+    return lambda msg: print(f"[{task}] {msg}", file=sys.stderr, flush=True)
 
 
 def _add_adapter(p: argparse.ArgumentParser) -> None:
@@ -176,7 +191,9 @@ def cmd_train(args: argparse.Namespace) -> int:
     if _needs_teacher(cfg) and teacher is None:
         raise ValueError("--target ce_margin needs the teacher; drop --no-teacher.")
     data, record = load_study(args.task, encoder_config(args), teacher if _needs_teacher(cfg) else None,
-                              data_dir=args.data_dir, cache_dir=args.cache_dir, limit=args.limit)
+                              data_dir=args.data_dir, cache_dir=args.cache_dir, limit=args.limit,
+                              transfer=default_transfer(args.task) if args.transfer else (),
+                              progress=teacher_progress(args.task))
     result = train_seed_group(cfg, data)
     print(result.table())
     s = result.summary
@@ -187,10 +204,12 @@ def cmd_train(args: argparse.Namespace) -> int:
     if "train/gate_fit_mean" in s:
         print(f"gate fit to its target (Pearson): train {s['train/gate_fit_mean']:.3f}, "
               f"test {s['test/gate_fit_mean']:.3f}")
+    if "transfer_delta_min" in s:
+        print("transfer (other tasks' validation, pairs unseen in training): " + ", ".join(
+            f"{k.split('/')[1]} {s[k]:+.4f}" for k in s if k.startswith("transfer/") and k.endswith("_mean"))
+              + f"; worst seed {s['transfer_delta_min']:+.4f}")
     if record is not None:
-        print(f"teacher: validation Spearman {record['validation_spearman']:.4f}, "
-              f"test {record['test_spearman']:.4f} (frozen baseline {result.baseline['val/spearman']:.4f} / "
-              f"{result.baseline['test/spearman']:.4f})")
+        print(teacher_summary(record))
     if not args.no_mlflow:
         import mlflow
 
@@ -203,24 +222,50 @@ def cmd_train(args: argparse.Namespace) -> int:
     return 0
 
 
+def teacher_summary(record: dict) -> str:
+    """One line: the teacher's recipe, quality against the frozen cosine, independence and cost."""
+    q = record.get("quality", {})
+    parts = [f"teacher {record['config']['model']} ({record.get('preset', 'custom')} recipe, "
+             f"{record['config']['folds']} folds x <= {record['config']['epochs']} epochs): "]
+    for split in ("validation", "test"):
+        if split in q:
+            parts.append(f"{split} Spearman {q[split]['teacher_spearman']:.4f} vs cosine "
+                         f"{q[split]['cosine_spearman']:.4f}, error correlation {q[split]['error_correlation']:.3f}, "
+                         f"rank average {q[split]['rank_average_spearman']:.4f}; ")
+    return "".join(parts) + f"{record['seconds']:.0f}s once per task"
+
+
 def cmd_study(args: argparse.Namespace) -> int:
-    from embed_lib.study import load_study, run_study, study_markdown
+    from embed_lib.study import default_transfer, load_study, run_study, study_json, study_markdown
 
     tasks = task_names() if args.task == "all" else [args.task]
-    sections = []
+    sections, summary = [], {}
     for task in tasks:
         print(f"[{task}]", file=sys.stderr)
         data, record = load_study(task, encoder_config(args), teacher_config(args), data_dir=args.data_dir,
-                                  cache_dir=args.cache_dir, limit=args.limit)
-        results = run_study(data, adapter_config(args, task), log=lambda m: print(m, file=sys.stderr))
+                                  cache_dir=args.cache_dir, limit=args.limit,
+                                  transfer=default_transfer(task) if args.transfer else (),
+                                  progress=teacher_progress(task))
+        if record is not None:
+            print(teacher_summary(record), file=sys.stderr)
+        gammas = [float(g) for g in args.gamma_grid.split(",")]
+        results = run_study(data, adapter_config(args, task), gammas=gammas,
+                            log=lambda m: print(m, file=sys.stderr))
         sections.append(study_markdown(task, data, results, record))
+        summary[task] = study_json(data, results, record)
     text = "".join(s + "\n" for s in sections)
     print(text)
     out = Path(args.out)
     out.parent.mkdir(parents=True, exist_ok=True)
-    out.write_text(f"# Study results ({args.seeds} seeds per arm)\n\nRegenerate: `python -m embed_lib study "
-                   f"--task {args.task} --seeds {args.seeds} --out {args.out}`\n\n" + text)
-    print(f"wrote {out}", file=sys.stderr)
+    command = " ".join(["python -m embed_lib", *sys.argv[1:]]) if sys.argv[1:2] == ["study"] else \
+        f"python -m embed_lib study --task {args.task} --seeds {args.seeds} --out {args.out}"
+    out.write_text(f"# Study results ({args.seeds} seeds per arm)\n\nRegenerate: `{command}`\n\n"
+                   "Each arm that has a gamma is shown at its own best gamma on validation from the grid "
+                   f"{args.gamma_grid}. Transfer: the worst per-seed Spearman delta on the other tasks' "
+                   "validation pairs that share no sentence with this task's train split.\n\n" + text)
+    out.with_suffix(".json").write_text(json.dumps({"seeds": args.seeds, "gamma_grid": args.gamma_grid,
+                                                    "command": command, "tasks": summary}, indent=2))
+    print(f"wrote {out} and {out.with_suffix('.json')}", file=sys.stderr)
     return 0
 
 
@@ -268,13 +313,19 @@ def build_parser() -> argparse.ArgumentParser:
     _add_adapter(p)
     _add_teacher(p)
     _add_mlflow(p)
+    p.add_argument("--transfer", action=argparse.BooleanOptionalAction, default=True,
+                   help="score the group on the other tasks' validation pairs (do-no-harm check; default on)")
     p.add_argument("--limit", type=int, default=None, help="first N pairs of every split (smoke tests)")
     p.set_defaults(func=cmd_train)
 
-    p = sub.add_parser("study", help="every form and control of the reference study -> markdown table")
+    p = sub.add_parser("study", help="every form and control of the reference study -> markdown + JSON")
     _add_common(p)
     _add_adapter(p)
     _add_teacher(p)
+    p.add_argument("--gamma-grid", default="0.05,0.1,0.2",
+                   help="gammas every arm with a gamma is trained at; each arm keeps its best on validation")
+    p.add_argument("--transfer", action=argparse.BooleanOptionalAction, default=True,
+                   help="score every arm on the other tasks' validation pairs (default on)")
     p.add_argument("--limit", type=int, default=None, help="first N pairs of every split (smoke tests)")
     p.add_argument("--out", default=None, help="results file (default: results/study_<task>.md)")
     p.set_defaults(func=cmd_study)

@@ -119,11 +119,19 @@ class AdapterConfig:
     lambda_c: float = 10.0
     #: [S] weight of the modulus constraint (norm alignment of similar pairs)
     lambda_mod: float = 0.0
+    #: [S] anchoring: weight of the residual-magnitude penalty mean(((s - s0) / gamma)^2) / tau (pair forms);
+    #: it keeps a pair at the frozen score unless moving it pays on the task loss (/ tau like CoSENT's gradients)
+    lambda_delta: float = 0.0
+    #: [S] anchoring: novelty gate (pair forms). 0 = off; q > 0 closes the residual for pairs with a sentence
+    #: less familiar (max cosine to the training sentences) than the q-quantile of the training sentences'
+    #: leave-one-out familiarity, opening linearly up to the (q + 0.25)-quantile
+    novelty_quantile: float = 0.0
     #: [N] learning rate (AdamW)
     lr: float = 1e-3
     #: [N] AdamW weight decay
     weight_decay: float = 0.01
-    #: [N] working width k of h = LayerNorm(W x + b)
+    #: [N] working width k of h = LayerNorm(W x + b) of the pair forms (per-sentence forms work in the
+    #: embedding's own dimension)
     width: int = 128
     #: [N] hidden units of the small MLPs
     hidden: int = 128
@@ -148,9 +156,7 @@ class AdapterConfig:
                              f"Valid controls: {list(CONTROLS[self.adapter])}.")
         if self.target not in TARGETS:
             raise ValueError(f"Unknown difficulty target {self.target!r}. Valid targets: {sorted(TARGETS)}.")
-        supervised = self.adapter == "pair_gated" or (self.adapter.startswith("per_sentence")
-                                                      and self.control in ("none", "shuffled"))
-        if supervised and self.target == "none" and self.control != "constant":
+        if self.supervised and self.target == "none":
             raise ValueError(f"Adapter {self.adapter!r} with control {self.control!r} needs a difficulty target; "
                              f"choose one of {[t for t in TARGETS if t != 'none']}.")
         if self.loss not in LOSSES:
@@ -161,6 +167,11 @@ class AdapterConfig:
         _check_range("AdapterConfig.tau", self.tau, 0.0, 10.0, low_open=True)
         _check_range("AdapterConfig.lambda_c", self.lambda_c, 0.0, 1e4)
         _check_range("AdapterConfig.lambda_mod", self.lambda_mod, 0.0, 1e4)
+        _check_range("AdapterConfig.lambda_delta", self.lambda_delta, 0.0, 1e4)
+        _check_range("AdapterConfig.novelty_quantile", self.novelty_quantile, 0.0, 0.7)
+        if self.novelty_quantile > 0 and not self.adapter.startswith("pair"):
+            raise ValueError(f"AdapterConfig.novelty_quantile={self.novelty_quantile} applies to the pair forms; "
+                             f"adapter {self.adapter!r} has no residual to close. Set it to 0.")
         _check_range("AdapterConfig.lr", self.lr, 0.0, 1.0, low_open=True)
         _check_range("AdapterConfig.weight_decay", self.weight_decay, 0.0, 1.0)
         for name, lo, hi in (("width", 1, 4096), ("hidden", 1, 4096), ("epochs", 1, 1000),
@@ -170,6 +181,13 @@ class AdapterConfig:
     @property
     def seeds(self) -> list[int]:
         return list(range(self.seed0, self.seed0 + self.n_seeds))
+
+    @property
+    def supervised(self) -> bool:
+        """Whether the gate (pair_gated) or the complexity c (per-sentence forms) learns a difficulty target."""
+        if self.adapter == "pair_gated":
+            return self.control != "constant"
+        return self.adapter.startswith("per_sentence") and self.control in ("none", "shuffled")
 
     @property
     def target_level(self) -> str:

@@ -67,15 +67,42 @@ class DistributedEncoder:
             ray.kill(a)
 
 
+class LazyPool:
+    """What `embed_splits` takes (like study.LazyEncoder): the actor pool starts only when a sentence is
+    missing from the cache; `shutdown()` ends it."""
+
+    def __init__(self, config: EncoderConfig, workers: int = 1, use_gpu: bool = False) -> None:
+        self.config, self.workers, self.use_gpu = config, workers, use_gpu
+        self._pool: DistributedEncoder | None = None
+        self._memo: str | Path | None = None
+
+    def manifest(self, memo_dir: str | Path | None) -> dict[str, Any]:
+        self._memo = memo_dir
+        return encoder_manifest(self.config, memo_dir)
+
+    def __call__(self) -> DistributedEncoder:
+        if self._pool is None:
+            self._pool = DistributedEncoder(self.config, self.workers, self.use_gpu, memo_dir=self._memo)
+        return self._pool
+
+    def shutdown(self) -> None:
+        if self._pool is not None:
+            self._pool.shutdown()
+            self._pool = None
+
+
 def precompute_embeddings(task: str, config: EncoderConfig, *, data_dir=None, cache_dir=None, workers: int = 2,
-                          use_gpu: bool = False, limit: int | None = None) -> dict[str, int]:
-    """Encode every sentence of `task` missing from the cache with `workers` actors; returns cache stats."""
+                          use_gpu: bool = False, limit: int | None = None, transfer=()) -> dict[str, int]:
+    """Encode every sentence of `task` (and of its transfer checks) missing from the cache with `workers`
+    actors; returns cache stats."""
+    from embed_lib.study import transfer_splits
     from embed_lib.tasks import SPLITS, load_splits
 
     root = Path(cache_dir) if cache_dir else default_cache_dir()
     splits = load_splits(task, SPLITS, data_dir)
     if limit is not None:
         splits = {k: v.subset(limit) for k, v in splits.items()}
+    splits.update(transfer_splits(task, splits["train"], transfer, data_dir, limit))
     cache = EmbeddingCache(encoder_manifest(config, root), root)
     holder: list[DistributedEncoder] = []
 

@@ -18,7 +18,7 @@ import numpy as np
 import torch
 from safetensors.torch import load_file, save_file
 
-from embed_lib.adapters import PairAdapter
+from embed_lib.adapters import NoveltyGate, PairAdapter
 from embed_lib.config import AdapterConfig
 
 FILES = ("weights.safetensors", "config.json", "encoder_manifest.json")
@@ -46,12 +46,13 @@ def load_adapter(directory: str | Path) -> tuple[PairAdapter, AdapterConfig, dic
     manifest = json.loads((d / "encoder_manifest.json").read_text())
     weights = load_file(str(d / "weights.safetensors"))
     dim = int(manifest["dim"])
-    model = PairAdapter(config.adapter, dim, config.seeds, control=config.control, width=config.width,
-                        hidden=config.hidden, gamma=config.gamma, alpha0=config.alpha0, p=config.p,
-                        learn_p=config.learn_p)
     try:
+        novelty = None
+        if "novelty.ref" in weights:  # the reference sentences travel with the weights (buffers)
+            novelty = NoveltyGate(weights["novelty.ref"], *weights["novelty.bounds"].tolist())
+        model = PairAdapter.from_config(config, dim, novelty=novelty)
         model.load_state_dict(weights, strict=True)
-    except RuntimeError as exc:
+    except (RuntimeError, KeyError, ValueError) as exc:
         raise ValueError(f"{d / 'weights.safetensors'} does not match its config.json ({config.adapter}, "
                          f"width {config.width}, {config.n_seeds} seeds, dim {dim}): {exc}") from exc
     model.eval()

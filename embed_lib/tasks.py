@@ -131,6 +131,13 @@ class PairData:
                         self.binary, self.sentence1[:n], self.sentence2[:n], self.label[:n],
                         self.raw_label[:n], self.ids[:n])
 
+    def select(self, rows: np.ndarray, note: str) -> PairData:
+        """The pairs at `rows`, with `note` added to the split note."""
+        rows = np.asarray(rows, dtype=np.int64)
+        return PairData(self.task, self.split, self.source, self.split_note + f"; {note}", self.binary,
+                        [self.sentence1[i] for i in rows], [self.sentence2[i] for i in rows], self.label[rows],
+                        self.raw_label[rows], self.ids[rows])
+
     @property
     def fingerprint(self) -> str:
         h = hashlib.sha256()

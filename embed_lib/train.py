@@ -17,13 +17,17 @@ import torch
 from scipy import stats
 
 from embed_lib import losses
-from embed_lib.adapters import PairAdapter
+from embed_lib.adapters import NoveltyGate, PairAdapter
 from embed_lib.cache import EmbeddedTask
 from embed_lib.config import AdapterConfig
 from embed_lib.metrics import PRIMARY_METRIC, cosine, evaluate
 from embed_lib.signals import ce_margin, lexical_hard, per_sentence_mean, surface_complexity
 
 EVAL_CHUNK = 8192
+#: a split named "transfer:<task>" is another task's pairs, scored once at the end (do-no-harm checks)
+TRANSFER_PREFIX = "transfer:"
+#: reference sentences the novelty gate keeps (a seeded sample when the training split has more)
+NOVELTY_REF_MAX = 20_000
 
 
 @dataclass
@@ -44,10 +48,59 @@ class StudyData:
     sentence_target: dict[str, np.ndarray]  # target name -> (m,)
     manifest: dict[str, Any]
     split_notes: dict[str, str]
+    _familiarity: torch.Tensor | None = field(default=None, repr=False)
 
     @property
     def targets(self) -> list[str]:
         return sorted(self.sentence_target)
+
+    @property
+    def transfer(self) -> list[str]:
+        """Names of the transfer splits ("transfer:<task>")."""
+        return sorted(k for k in self.splits if k.startswith(TRANSFER_PREFIX))
+
+    @property
+    def train_rows(self) -> torch.Tensor:
+        """(r,) sorted rows of X that occur in a training pair."""
+        tr = self.splits["train"]
+        return torch.unique(torch.cat([tr.ia, tr.ib]))
+
+    def familiarity(self) -> torch.Tensor:
+        """(m,) max cosine of every sentence to the training sentences (of the novelty gate's reference set),
+        leave-one-out for the training sentences themselves: how familiar a sentence never trained on looks."""
+        if self._familiarity is None:
+            ref_rows = novelty_reference_rows(self)
+            ref = torch.nn.functional.normalize(self.X[ref_rows].float(), dim=-1)
+            xn = torch.nn.functional.normalize(self.X.float(), dim=-1)
+            out = torch.empty(len(xn))
+            pos = torch.full((len(xn),), -1, dtype=torch.long)
+            pos[ref_rows] = torch.arange(len(ref_rows))
+            for i in range(0, len(xn), 4096):
+                sims = xn[i: i + 4096] @ ref.T  # (chunk, r)
+                own = pos[i: i + 4096]
+                hit = own >= 0
+                sims[hit.nonzero().squeeze(1), own[hit]] = -2.0  # leave one out
+                out[i: i + 4096] = sims.amax(-1)
+            self._familiarity = out
+        return self._familiarity
+
+
+def novelty_reference_rows(data: StudyData) -> torch.Tensor:
+    """Rows of X the novelty gate compares with: the training sentences, a seeded sample of NOVELTY_REF_MAX."""
+    rows = data.train_rows
+    if len(rows) > NOVELTY_REF_MAX:
+        g = torch.Generator().manual_seed(0)
+        rows = torch.sort(rows[torch.randperm(len(rows), generator=g)[:NOVELTY_REF_MAX]]).values
+    return rows
+
+
+def novelty_gate(data: StudyData, quantile: float) -> NoveltyGate:
+    """The gate closed below the `quantile` of the training sentences' leave-one-out familiarity and fully
+    open from the (quantile + 0.25)-quantile on."""
+    fam = data.familiarity()[data.train_rows]
+    lo = float(torch.quantile(fam, quantile))
+    hi = float(torch.quantile(fam, min(quantile + 0.25, 0.95)))
+    return NoveltyGate(data.X[novelty_reference_rows(data)], lo, max(hi, lo + 1e-3))
 
 
 def prepare_study(emb: EmbeddedTask, teacher_scores: Mapping[str, np.ndarray] | None = None,
@@ -64,7 +117,7 @@ def prepare_study(emb: EmbeddedTask, teacher_scores: Mapping[str, np.ndarray] | 
         s0 = cosine(emb.vectors[s.ia], emb.vectors[s.ib])
         t = {"surface": (surface[s.ia] + surface[s.ib]) / 2,
              "lexical": lexical_hard(s.data.sentence1, s.data.sentence2, s.data.label)}
-        if teacher_scores is not None:
+        if teacher_scores is not None and name in teacher_scores:
             if len(teacher_scores[name]) != len(s.ia):
                 raise ValueError(f"teacher scores for split {name!r} have {len(teacher_scores[name])} rows; "
                                  f"the split has {len(s.ia)} pairs. Rebuild the teacher cache for this task.")
@@ -111,8 +164,9 @@ def _on_device(data: StudyData, dev: torch.device) -> StudyData:
     if data.X.device == dev:
         return data
     splits = {k: SplitTensors(s.ia.to(dev), s.ib.to(dev), s.y.to(dev), s.s0, s.pair_target) for k, s in data.splits.items()}
+    fam = data.familiarity().to(dev) if data._familiarity is not None else None
     return StudyData(data.task, data.binary, data.X.to(dev), splits, data.sentence_target, data.manifest,
-                     data.split_notes)
+                     data.split_notes, fam)
 
 
 def _spearman_rows(scores: np.ndarray, y: np.ndarray) -> np.ndarray:
@@ -126,15 +180,20 @@ def _pearson(a: np.ndarray, b: np.ndarray) -> float:
 
 
 @torch.no_grad()
-def score_split(model: PairAdapter, X: torch.Tensor, sp: SplitTensors) -> tuple[np.ndarray, np.ndarray | None]:
-    """Scores (S, n) and gate or mean complexity (S, n) or None, in chunks of pairs."""
+def score_split(model: PairAdapter, X: torch.Tensor, sp: SplitTensors,
+                familiarity: torch.Tensor | None = None) -> tuple[np.ndarray, np.ndarray | None]:
+    """Scores (S, n) and gate or mean complexity (S, n) or None, in chunks of pairs. familiarity: (m,) per
+    sentence of X for the novelty gate (else the gate computes it)."""
     model.eval()
     S = len(model.seeds)
     scores, aux = [], []
     for i in range(0, len(sp.ia), EVAL_CHUNK):
-        xa = X[sp.ia[i: i + EVAL_CHUNK]].expand(S, -1, -1)  # (S, n, d), no copy
-        xb = X[sp.ib[i: i + EVAL_CHUNK]].expand(S, -1, -1)
-        out = model(xa, xb)
+        ia, ib = sp.ia[i: i + EVAL_CHUNK], sp.ib[i: i + EVAL_CHUNK]
+        xa = X[ia].expand(S, -1, -1)  # (S, n, d), no copy
+        xb = X[ib].expand(S, -1, -1)
+        fam = {} if familiarity is None else dict(fam_a=familiarity[ia].expand(S, -1),
+                                                  fam_b=familiarity[ib].expand(S, -1))
+        out = model(xa, xb, **fam)
         scores.append(out.score)
         if out.gate is not None:
             aux.append(out.gate)
@@ -163,8 +222,12 @@ def train_seed_group(cfg: AdapterConfig, data: StudyData,
     data = _on_device(data, dev)
     X, tr, va = data.X, data.splits["train"], data.splits["validation"]
     d = X.shape[1]
-    model = PairAdapter(cfg.adapter, d, seeds, control=cfg.control, width=cfg.width, hidden=cfg.hidden,
-                        gamma=cfg.gamma, alpha0=cfg.alpha0, p=cfg.p, learn_p=cfg.learn_p).to(dev)
+    fam = None
+    gate = None
+    if cfg.novelty_quantile > 0:
+        gate = novelty_gate(data, cfg.novelty_quantile)
+        fam = data.familiarity().to(dev)
+    model = PairAdapter.from_config(cfg, d, novelty=gate).to(dev)
     params = list(model.parameters())
     center = None
     if cfg.loss == "logistic":
@@ -182,8 +245,8 @@ def train_seed_group(cfg: AdapterConfig, data: StudyData,
             # the shuffled-target control: same gate, targets permuted over the train pairs per seed
             pair_t = torch.stack([pair_t[k, torch.randperm(n, generator=g)] for k, g in enumerate(gens)])
         pair_t = pair_t.to(dev)
-    supervise_gate = cfg.adapter == "pair_gated" and cfg.control != "constant" and cfg.lambda_c > 0
-    supervise_c = cfg.adapter.startswith("per_sentence") and cfg.control in ("none", "shuffled") and cfg.lambda_c > 0
+    supervise_gate = cfg.supervised and cfg.adapter == "pair_gated" and cfg.lambda_c > 0
+    supervise_c = cfg.supervised and cfg.adapter.startswith("per_sentence") and cfg.lambda_c > 0
     y_val = va.y.cpu().numpy()
     base_val = float(stats.spearmanr(va.s0, y_val).statistic)
 
@@ -197,7 +260,7 @@ def train_seed_group(cfg: AdapterConfig, data: StudyData,
         for step in range(steps):
             idx = order[:, step * cfg.batch_size: (step + 1) * cfg.batch_size]  # (S, B)
             ia, ib, y = tr.ia[idx], tr.ib[idx], tr.y[idx]
-            out = model(X[ia], X[ib])  # (S, B, d) gathers
+            out = model(X[ia], X[ib], **({} if fam is None else dict(fam_a=fam[ia], fam_b=fam[ib])))  # (S, B, d)
             if cfg.loss == "cosent":
                 loss = losses.cosent(out.score, y, cfg.tau)
             elif cfg.loss == "logistic":
@@ -208,13 +271,16 @@ def train_seed_group(cfg: AdapterConfig, data: StudyData,
                 loss = loss + cfg.lambda_c * losses.mse(out.gate, torch.gather(pair_t, 1, idx))
             if supervise_c:
                 loss = loss + cfg.lambda_c * 0.5 * (losses.mse(out.c_a, sent_t[ia]) + losses.mse(out.c_b, sent_t[ib]))
+            if cfg.lambda_delta > 0 and cfg.adapter.startswith("pair") and cfg.gamma > 0:
+                # / tau: CoSENT's gradients scale with 1/tau, so a weight near 1 balances the two terms
+                loss = loss + cfg.lambda_delta / cfg.tau * losses.mse(out.score, out.s0) / cfg.gamma ** 2
             if cfg.lambda_mod > 0 and out.norm_a is not None:
                 loss = loss + cfg.lambda_mod * losses.modulus(out.norm_a, out.norm_b, y)
             opt.zero_grad(set_to_none=True)
             loss.sum().backward()  # a sum keeps each seed's gradient its own
             opt.step()
         torch.manual_seed(cfg.seed0 + epoch)  # shuffled-c control: the same eval permutation for every run
-        val_scores, _ = score_split(model, X, va)
+        val_scores, _ = score_split(model, X, va, fam)
         val = _spearman_rows(val_scores, y_val)
         better = val > best_val
         if better.any():
@@ -237,16 +303,26 @@ def train_seed_group(cfg: AdapterConfig, data: StudyData,
     eval_splits = [("validation", "val")] + ([("test", "test")] if evaluate_test else [])
     if cfg.target != "none":  # train scores serve only the gate's fit to its target
         eval_splits.append(("train", "train"))
+    eval_splits += [(t, t) for t in data.transfer]
+    pairs_per_s = None
     for split, prefix in eval_splits:
         sp = data.splits[split]
-        scores, aux = score_split(model, X, sp)
+        t_split = time.perf_counter()
+        scores, aux = score_split(model, X, sp, fam)
+        if split in ("test", "validation"):  # the served ensemble's cost: every seed, cached vectors
+            pairs_per_s = len(sp.ia) / max(time.perf_counter() - t_split, 1e-9)
         splits_out[split] = (scores, aux)
         y = sp.y.cpu().numpy()
-        if split != "train":
-            thr = None
+        if split.startswith(TRANSFER_PREFIX):  # another task: Spearman of the seed against the frozen cosine
+            base = float(stats.spearmanr(sp.s0, y).statistic)
+            baseline[f"transfer/{split[len(TRANSFER_PREFIX):]}/spearman"] = base
+            name = split[len(TRANSFER_PREFIX):]
+            for k, v in enumerate(_spearman_rows(scores, y)):
+                per_seed[k][f"transfer/{name}/delta"] = float(v - base)
+        elif split != "train":
             baseline.update(evaluate(sp.s0, y, data.binary, prefix))
             for k in range(S):
-                thr_k = per_seed[k].get("val/threshold_acc") if split == "test" else thr
+                thr_k = per_seed[k].get("val/threshold_acc") if split == "test" else None
                 per_seed[k].update(evaluate(scores[k], y, data.binary, prefix, threshold=thr_k))
             # the served model: the mean score over the seed group
             ensemble.update(evaluate(scores.mean(0), y, data.binary, prefix))
@@ -265,7 +341,13 @@ def train_seed_group(cfg: AdapterConfig, data: StudyData,
                 r[f"{prefix}/gate_fit"] = _pearson(aux, target)
         if cfg.learn_p:
             r["p"] = float(model.p[k].item())
+    if cfg.novelty_quantile > 0:
+        summary_extra = {"novelty/lo": float(gate.bounds[0]), "novelty/hi": float(gate.bounds[1])}
+    else:
+        summary_extra = {}
     summary = summarize(per_seed)
+    summary.update(summary_extra)
+    summary["pairs_per_s"] = float(pairs_per_s or 0.0)
     summary.update({f"ensemble/{k}": v for k, v in ensemble.items() if k.endswith(PRIMARY_METRIC)})
     return GroupResult(cfg, per_seed, baseline, history, summary,
                        {k: v.detach().cpu().clone() for k, v in model.state_dict().items()},
@@ -281,6 +363,12 @@ def summarize(per_seed: list[dict[str, float]]) -> dict[str, float]:
         v = np.array([r[key] for r in per_seed])
         out.update({f"{key}_mean": float(v.mean()), f"{key}_std": float(v.std(ddof=1)) if len(v) > 1 else 0.0,
                     f"{key}_min": float(v.min()), f"{key}_positive": int((v > 0).sum())})
+    transfer = sorted(k for k in per_seed[0] if k.startswith("transfer/"))
+    for key in transfer:
+        v = np.array([r[key] for r in per_seed])
+        out.update({f"{key}_mean": float(v.mean()), f"{key}_min": float(v.min())})
+    if transfer:  # the do-no-harm check reads this: the worst transfer delta of any seed on any other task
+        out["transfer_delta_min"] = float(min(r[k] for r in per_seed for k in transfer))
     for key in ("val/spearman", "test/spearman", "train/gate_fit", "test/gate_fit"):
         values = np.array([r[key] for r in per_seed if key in r], dtype=float)
         if np.isfinite(values).any():  # a constant gate has no fit to report

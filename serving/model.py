@@ -24,7 +24,9 @@ def registry_info(model_uri: str, tracking_uri: str | None) -> dict[str, Any]:
     client = _client(tracking_uri)
     mv = client.get_model_version_by_alias(name, alias) if alias else client.get_model_version(name, version)
     return {"name": name, "version": str(mv.version), "alias": alias, "aliases": list(mv.aliases),
-            "run_id": mv.run_id}
+            "run_id": mv.run_id, "description": mv.description or "",
+            "selection": {k: v for k, v in (mv.tags or {}).items()
+                          if k.startswith(("winner_rule", "transfer", "val_", "teacher"))}}
 
 
 def pinned_uri(model_uri: str, tracking_uri: str | None) -> str:
@@ -71,5 +73,9 @@ def load_model(model_uri: str, tracking_uri: str | None):
             "encoder": {k: manifest.get(k) for k in ("encoder", "revision", "weights_fingerprint", "pooling",
                                                      "tau_attn", "max_seq_length", "dim")},
             "validation": {k: v for k, v in metrics.items() if "val" in k and isinstance(v, (int, float))},
+            # the do-no-harm checks the version was chosen on: other tasks' validation pairs, per seed worst
+            "transfer": {k: v for k, v in metrics.items() if "transfer" in k and isinstance(v, (int, float))},
+            "anchoring": {"gamma": config.gamma, "lambda_delta": config.lambda_delta,
+                          "novelty_quantile": config.novelty_quantile},
             "encoder_key": cache_key(manifest)}
     return model, info

@@ -5,11 +5,16 @@
 
 Hyperparameters
   scientific: adapter form (gated / ungated), difficulty target, gamma, tau, normalisation exponent p
-              (fixed 1 or learned from 0.5), lambda_c, lambda_mod, tau_attn (from --tau-attn-values)
+              (fixed 1 or learned from 0.5), lambda_c, lambda_mod, tau_attn (from --tau-attn-values);
+              anchoring: lambda_delta (residual-magnitude penalty), novelty_quantile (a gate that closes
+              for pairs unlike the training sentences); gamma bounds the step in any case
   nuisance:   learning rate, weight decay, width, epochs
   fixed:      encoder, task, data split, loss (CoSENT), batch size 128, seed group (--seeds, seeds 0..n-1)
 Every trial trains its whole seed group and reports mean / std / min / count positive of the
-validation delta against the frozen cosine; the winner must be positive on every seed.
+validation delta against the frozen cosine, and its delta on the other tasks' validation pairs (transfer
+checks). The winner must be positive on every validation seed and do no harm on any transfer task
+(every seed's delta >= -0.001, --transfer-tolerance); Optuna optimises the validation delta minus a
+penalty for transfer harm beyond the tolerance.
 """
 from __future__ import annotations
 
@@ -17,11 +22,11 @@ import sys
 from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))  # the repo root: `python sweeps/x.py` puts sweeps/ first
-from sweeps.tune_helpers import suggest_nuisance, sweep_main  # noqa: E402
+from sweeps.cli import suggest_nuisance, sweep_main  # noqa: E402
 
 FIXED = {"loss": "cosent", "batch_size": 128, "control": "none", "hidden": 128, "alpha0": 0.5}
-SPACE_KEYS = ["adapter", "target", "gamma", "tau", "learn_p", "lambda_c", "lambda_mod", "lr", "weight_decay",
-              "width", "epochs", "tau_attn"]
+SPACE_KEYS = ["adapter", "target", "gamma", "tau", "learn_p", "lambda_c", "lambda_mod", "lambda_delta",
+              "novelty_quantile", "lr", "weight_decay", "width", "epochs", "tau_attn"]
 
 
 def space(trial, tau_attn_values=(1.0,), targets=("ce_margin", "lexical"), fixed=()) -> dict:
@@ -39,6 +44,8 @@ def space(trial, tau_attn_values=(1.0,), targets=("ce_margin", "lexical"), fixed
     learn_p = trial.suggest_categorical("learn_p", [False, True])
     constants["p"] = 0.5 if learn_p else 1.0
     trial.suggest_categorical("lambda_mod", [0.0, 0.01, 0.1])
+    trial.suggest_categorical("lambda_delta", [0.0, 0.1, 1.0, 10.0])
+    trial.suggest_categorical("novelty_quantile", [0.0, 0.05, 0.1, 0.2, 0.3])
     if len(tau_attn_values) > 1:
         trial.suggest_categorical("tau_attn", tau_attn_values)
     suggest_nuisance(trial, fixed)

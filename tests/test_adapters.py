@@ -25,7 +25,7 @@ def _perturb(model, seed=1):
             p.add_(torch.randn(p.shape, generator=g) * 0.3)
 
 
-@pytest.mark.parametrize("form,control", ALL)
+@pytest.mark.parametrize("form,control", [fc for fc in ALL if not fc[0].startswith("per_sentence")])
 def test_identity_at_initialisation(form, control):
     xa, xb = _inputs()
     model = PairAdapter(form, D, [0, 1, 2], control=control, width=8, hidden=8)
@@ -33,6 +33,73 @@ def test_identity_at_initialisation(form, control):
     cos = torch.nn.functional.cosine_similarity(xa, xb, dim=-1)
     torch.testing.assert_close(out.s0, cos, atol=1e-6, rtol=0)
     torch.testing.assert_close(out.score, out.s0, atol=1e-6, rtol=0)
+
+
+def _layer_norm_by_hand(model, x, seed):
+    """h = LayerNorm(W x + b) of one seed, written out (population variance, eps 1e-5)."""
+    z = x @ model.proj.weight[seed] + model.proj.bias[seed, 0]
+    z = (z - z.mean(-1, keepdim=True)) / torch.sqrt(z.var(-1, unbiased=False, keepdim=True) + 1e-5)
+    return z * model.norm.weight[seed, 0] + model.norm.bias[seed, 0]
+
+
+@pytest.mark.parametrize("form", ["per_sentence", "per_sentence_preserving"])
+def test_per_sentence_scaling_acts_on_h_as_the_formula_says(form):
+    """u = normalize(alpha * h), alpha = 1 + alpha0 tanh(G([h, c])), c = sigmoid(MLP_c(h)); preserving:
+    w = normalize((1 - gamma) normalize(x) + gamma u); score = cos. Checked against the formula by hand."""
+    xa, xb = _inputs()
+    gamma, alpha0 = 0.3, 0.5
+    model = PairAdapter(form, D, [0, 1, 2], width=8, hidden=8, gamma=gamma, alpha0=alpha0)
+    assert model.proj.weight.shape == (3, D, D)  # the working space is the embedding's own dimension
+    _perturb(model)
+    out = model(xa, xb)
+    for seed in range(3):
+        def u(x):
+            h = _layer_norm_by_hand(model, x[seed], seed)
+            inner = torch.nn.functional.gelu(h @ model.c_net.inner.weight[seed] + model.c_net.inner.bias[seed, 0])
+            c = torch.sigmoid(inner @ model.c_net.outer.weight[seed] + model.c_net.outer.bias[seed, 0])
+            g = torch.cat([h, c], -1) @ model.scale.weight[seed] + model.scale.bias[seed, 0]
+            v = (1 + alpha0 * torch.tanh(g)) * h
+            v = v / v.norm(dim=-1, keepdim=True)
+            if form == "per_sentence_preserving":
+                v = (1 - gamma) * x[seed] / x[seed].norm(dim=-1, keepdim=True) + gamma * v
+                v = v / v.norm(dim=-1, keepdim=True)
+            return v
+        torch.testing.assert_close(out.score[seed], (u(xa) * u(xb)).sum(-1), atol=1e-5, rtol=0)
+
+
+def test_per_sentence_starts_from_the_working_cosine_and_preserving_near_the_anchor():
+    xa, xb = _inputs()
+    plain = PairAdapter("per_sentence", D, [0, 1, 2], width=8, hidden=8)
+    out = plain(xa, xb)
+    ha, hb = plain.working(xa), plain.working(xb)
+    torch.testing.assert_close(out.score, torch.nn.functional.cosine_similarity(ha, hb, dim=-1), atol=1e-6, rtol=0)
+    near = PairAdapter("per_sentence_preserving", D, [0, 1, 2], gamma=0.01)
+    assert (near(xa, xb).score - out.s0).abs().max() < 0.02 < (out.score - out.s0).abs().max()
+
+
+def test_novelty_gate_returns_the_frozen_cosine_exactly_far_from_the_training_data():
+    from embed_lib.adapters import NoveltyGate
+
+    g = torch.Generator().manual_seed(0)
+    ref = torch.randn(50, D, generator=g)
+    ref[:, : D // 2] = 0  # the training sentences live in one half of the space
+    xa, xb = _inputs()
+    far_a, far_b = xa.clone(), xb.clone()
+    far_a[..., D // 2:] = 0  # these pairs live in the other half: familiarity 0
+    far_b[..., D // 2:] = 0
+    gate = NoveltyGate(ref, lo=0.3, hi=0.6)
+    model = PairAdapter("pair_gated", D, [0, 1, 2], width=8, hidden=8, gamma=0.3, novelty=gate)
+    _perturb(model)
+    far = model(far_a, far_b)
+    assert torch.equal(far.score, far.s0) and torch.equal(far.novelty, torch.zeros_like(far.novelty))
+    near_a, near_b = ref[:B].expand(S, B, D), (ref[:B] + 0.05 * torch.randn(B, D, generator=g)).expand(S, B, D)
+    near = model(near_a, near_b)
+    assert (near.novelty == 1).all() and (near.score - near.s0).abs().max() > 1e-3
+    # the familiarity by hand: the max cosine to the reference rows
+    fam = gate.familiarity(near_b[0])
+    by_hand = torch.nn.functional.cosine_similarity(near_b[0][:, None], ref[None], dim=-1).amax(-1)
+    torch.testing.assert_close(fam, by_hand, atol=1e-6, rtol=0)
+    torch.testing.assert_close(gate.weight(torch.tensor([0.45]), torch.tensor([0.9])), torch.tensor([0.5]))
 
 
 @pytest.mark.parametrize("form,control", [fc for fc in ALL if fc[1] != "shuffled"])
@@ -110,7 +177,11 @@ def test_cached_projections_score_exactly_like_the_full_forward(form, control):
 
     from embed_lib.export import ensemble_scores, project
 
-    model = PairAdapter(form, D, [0, 1, 2], control=control).eval()
+    novelty = None
+    if form.startswith("pair"):
+        from embed_lib.adapters import NoveltyGate
+        novelty = NoveltyGate(torch.randn(20, D, generator=torch.Generator().manual_seed(5)), lo=-0.2, hi=0.4)
+    model = PairAdapter(form, D, [0, 1, 2], control=control, novelty=novelty).eval()
     _perturb(model)
     xa, xb = _inputs()
     xa, xb = xa[0].numpy(), xb[0].numpy()

@@ -2,7 +2,7 @@ from __future__ import annotations
 
 import pytest
 
-from embed_lib.selection import leaderboard, select_winner, to_markdown
+from embed_lib.selection import leaderboard, no_winner_reason, rule_failures, select_winner, to_markdown
 
 
 def _row(trial, mean, positive, gamma, n=5):
@@ -13,6 +13,38 @@ def test_winner_must_be_positive_on_every_seed():
     rows = [_row("a", 0.02, 4, 0.1), _row("b", 0.01, 5, 0.1)]
     assert select_winner(rows)["trial"] == "b"  # a has the larger mean but one negative seed
     assert select_winner([_row("a", 0.02, 4, 0.1)]) is None
+
+
+def _with_transfer(row, per_seed: dict[str, list[float]]):
+    """A row as a finished trial reports it: per transfer task the mean and the worst seed's delta."""
+    for task, deltas in per_seed.items():
+        row[f"transfer/{task}/delta_mean"] = sum(deltas) / len(deltas)
+        row[f"transfer/{task}/delta_min"] = min(deltas)
+    row["transfer_delta_min"] = min(min(d) for d in per_seed.values())
+    return row
+
+
+def test_rule_rejects_a_trial_that_harms_a_transfer_task_on_one_seed():
+    harmful = _with_transfer(_row("harmful", 0.03, 5, 0.1),  # best on its own split, every seed positive ...
+                             {"mrpc": [0.01, 0.0, 0.002, 0.001, 0.0], "paws": [0.0, 0.0, -0.0015, 0.0, 0.0]})
+    safe = _with_transfer(_row("safe", 0.01, 5, 0.1), {"mrpc": [0.0] * 5, "paws": [-0.0009, 0.0, 0.0, 0.0, 0.0]})
+    assert select_winner([harmful, safe])["trial"] == "safe"  # ... but one seed costs paws 0.0015 > 0.001
+    assert rule_failures(harmful) == ["transfer delta -0.0015 < -0.001 on paws"]
+    assert rule_failures(safe) == []
+    assert select_winner([harmful, safe], tolerance=0.002)["trial"] == "harmful"  # the tolerance is named
+    assert select_winner([harmful]) is None
+    assert no_winner_reason([harmful]) == ("No configuration passes the winner rule: 0 of 1 are not positive on "
+                                           "every validation seed, 1 of 1 harm a transfer task by more than 0.001 "
+                                           "on some seed.")
+
+
+def test_trial_objective_penalises_harm_beyond_the_tolerance():
+    from sweeps.trainable import HARM_PENALTY, objective
+
+    assert objective({"delta_val_mean": 0.02}, 0.001) == 0.02  # no transfer checks
+    assert objective({"delta_val_mean": 0.02, "transfer_delta_min": -0.001}, 0.001) == 0.02
+    assert objective({"delta_val_mean": 0.02, "transfer_delta_min": -0.004}, 0.001) == pytest.approx(
+        0.02 - HARM_PENALTY * 0.003)
 
 
 def test_near_ties_go_to_the_smaller_gamma():
@@ -30,7 +62,7 @@ def test_leaderboard_order_and_markdown():
 
 
 def test_grid_values_parse_as_json_scalars_or_strings():
-    from sweeps.tune_helpers import parse_grid
+    from sweeps.cli import parse_grid
 
     grid = parse_grid(["gamma=0.05,0.1", "adapter=pair_gated", "learn_p=true,false", "target=none,lexical"], None)
     assert grid == {"gamma": [0.05, 0.1], "adapter": ["pair_gated"], "learn_p": [True, False],

@@ -2,11 +2,13 @@ from __future__ import annotations
 
 import numpy as np
 import pytest
+import torch
 
+from embed_lib import teacher as T
 from embed_lib.tasks import load_splits
 from embed_lib.teacher import TeacherConfig, teacher_key, teacher_scores
 
-TINY = TeacherConfig(folds=2, epochs=1, batch_size=8, max_length=32)
+TINY = TeacherConfig(folds=2, epochs=2, batch_size=8, max_length=32, early_stopping_fraction=0.25)
 
 
 @pytest.fixture(scope="module")
@@ -17,12 +19,124 @@ def tiny_splits(data_dir):
 def test_cross_fitted_teacher_scores_and_cache(tiny_splits, tmp_path):
     scores, record = teacher_scores(tiny_splits, TINY, tmp_path)
     assert {k: len(v) for k, v in scores.items()} == {"train": 24, "validation": 24, "test": 24}
-    assert all(np.isfinite(v).all() and ((v > 0) & (v < 1)).all() for v in scores.values())
-    assert [f["held_out"] for f in record["folds"]] == [12, 12]  # every train pair scored out of fold
-    assert all(f["fit_pairs"] + f["held_out"] == 24 for f in record["folds"])
+    assert all(np.isfinite(v).all() for v in scores.values())
+    assert [f["held_out"] for f in record["folds"]] == [12, 12]
+    # 12 fit rows per fold: 3 of them (25%) held out for early stopping, never trained on
+    assert [(f["fit_pairs"], f["early_stopping_pairs"]) for f in record["folds"]] == [(9, 3), (9, 3)]
+    assert all(1 <= f["epochs_run"] <= 2 and len(f["curve"]) == f["epochs_run"] for f in record["folds"])
+    assert record["preset"] == "custom" and record["train_pairs_per_s"] > 0
     again, record2 = teacher_scores(tiny_splits, TINY, tmp_path)  # cache hit: same numbers, no training
     assert record2 == record
     np.testing.assert_array_equal(again["train"], scores["train"])
+
+
+class _FakeCE:
+    """Stands in for a CrossEncoder: remembers what it trained on, scores len(a) - 2 len(b) (asymmetric)."""
+
+    def __init__(self):
+        self.seen: set[tuple[str, str]] = set()
+
+    def predict(self, pairs, **kw):
+        return np.array([len(a) - 2.0 * len(b) for a, b in pairs])
+
+
+def test_no_train_pair_is_scored_by_a_model_that_trained_on_it(tiny_splits, tmp_path, monkeypatch):
+    made: list[_FakeCE] = []
+    scored: list[tuple[_FakeCE, list]] = []
+
+    def fake_load(cfg, device):
+        made.append(_FakeCE())
+        return made[-1]
+
+    def fake_fit(ce, pairs, y, cfg, seed, es_pairs=None, es_y=None, progress=None):
+        ce.seen |= {tuple(p) for p in pairs} | {tuple(p) for p in (es_pairs or [])}
+        return [{"epoch": 1, "train_loss": 0.0, "seconds": 1.0, "pairs_per_s": 1.0, "early_stopping_spearman": 0.0}]
+
+    real_predict = T._predict
+
+    def spy_predict(ce, pairs, cfg):
+        scored.append((ce, [tuple(p) for p in pairs]))
+        return real_predict(ce, pairs, cfg)
+
+    monkeypatch.setattr(T, "_load", fake_load)
+    monkeypatch.setattr(T, "_fit", fake_fit)
+    monkeypatch.setattr(T, "_predict", spy_predict)
+    cfg = TeacherConfig(folds=3, epochs=1, batch_size=8, max_length=32, early_stopping_fraction=0.2)
+    teacher_scores(tiny_splits, cfg, tmp_path)
+    train = tiny_splits["train"]
+    train_pairs = {(a, b) for a, b in zip(train.sentence1, train.sentence2)}
+    fold_of = T.fold_assignment(len(train), 3, cfg.seed)  # the assignment itself, not the record
+    assert len(made) == 3
+    for k, ce in enumerate(made):
+        own = {(train.sentence1[i], train.sentence2[i]) for i in np.nonzero(fold_of == k)[0]}
+        assert not ce.seen & own  # fold k's model never saw fold k's pairs
+        assert ce.seen <= train_pairs and len(ce.seen) == len(train) - len(own)
+        scored_train = {p for c, ps in scored if c is ce for p in ps} & train_pairs
+        assert scored_train == own  # and scores exactly them
+    assert sorted(np.bincount(fold_of).tolist()) == [8, 8, 8]
+
+
+def test_both_orders_are_averaged():
+    ce = _FakeCE()
+    pairs = [["ab", "abcd"], ["abcde", "a"]]
+    one = T._predict(ce, pairs, TeacherConfig(both_orders=False))
+    both = T._predict(ce, pairs, TeacherConfig(both_orders=True))
+    np.testing.assert_allclose(one, [2 - 8, 5 - 2])
+    np.testing.assert_allclose(both, [((2 - 8) + (4 - 4)) / 2, ((5 - 2) + (1 - 10)) / 2])
+    np.testing.assert_allclose(T._predict(ce, [[b, a] for a, b in pairs], TeacherConfig()), both)
+
+
+def test_length_batches_cover_every_index_once_and_group_lengths():
+    rng = np.random.default_rng(0)
+    lengths = rng.integers(5, 200, size=1000)
+    batches = T.length_batches(lengths, 16, np.random.default_rng(1), bucket_batches=50)
+    flat = np.concatenate(batches)
+    assert sorted(flat.tolist()) == list(range(1000))
+    spread = np.mean([np.ptp(lengths[b]) for b in batches])
+    random_spread = np.mean([np.ptp(lengths[b]) for b in np.array_split(rng.permutation(1000), 63)])
+    assert spread < random_spread / 4
+
+
+def test_bucketed_batch_loss_equals_unbucketed(tiny_splits):
+    """Padding must not change a pair's logit: the loss of 8 pairs in one padded batch equals the
+    size-weighted mean of the losses of two length-sorted batches."""
+    cfg = TeacherConfig(max_length=64)
+    ce = T._load(cfg, "cpu")
+    ce.model.eval()
+    train = tiny_splits["train"]
+    pairs, y = T._pairs(train, np.arange(8)), torch.as_tensor(train.label[:8], dtype=torch.float32)
+    loss = torch.nn.BCEWithLogitsLoss(reduction="sum")
+    with torch.no_grad():
+        whole = loss(T._logits(ce, pairs), y) / 8
+        order = np.argsort([len(a) + len(b) for a, b in pairs])
+        parts = sum(loss(T._logits(ce, [pairs[i] for i in idx]), y[idx]) for idx in (order[:4], order[4:])) / 8
+    assert float(whole) == pytest.approx(float(parts), abs=1e-5)
+
+
+def test_no_weight_decay_on_biases_and_norms():
+    model = torch.nn.Sequential(torch.nn.Linear(4, 4), torch.nn.LayerNorm(4))
+    decay, no_decay = T._param_groups(model, 0.01)
+    assert decay["weight_decay"] == 0.01 and [p.shape for p in decay["params"]] == [torch.Size([4, 4])]
+    assert no_decay["weight_decay"] == 0.0 and len(no_decay["params"]) == 3
+
+
+def test_error_correlation_and_rank_average():
+    y = np.arange(10.0)
+    s0 = y.copy()
+    s0[[2, 7]] = s0[[7, 2]]  # the cosine swaps two pairs
+    assert T.error_correlation(s0, s0, y) == pytest.approx(1.0)
+    teacher = y.copy()
+    teacher[[0, 9]] = teacher[[9, 0]]  # the teacher errs elsewhere
+    assert T.error_correlation(teacher, s0, y) < 0.1
+    np.testing.assert_allclose(T.rank_average(y, y), np.arange(10) / 9)
+
+
+def test_presets():
+    assert T.preset_of(T.teacher_preset("strong")) == "strong"
+    assert T.preset_of(T.teacher_preset("light", model="minilm")) == "light"
+    assert T.teacher_preset("light").epochs == 1
+    with pytest.raises(ValueError, match=r"Unknown teacher preset 'huge'. Valid presets: \['light', 'strong'\]"):
+        T.teacher_preset("huge")
 
 
 def test_key_depends_on_config_and_data(tiny_splits):
@@ -35,6 +149,8 @@ def test_key_depends_on_config_and_data(tiny_splits):
 def test_teacher_errors(tiny_splits, tmp_path):
     with pytest.raises(ValueError, match="TeacherConfig.folds=1; allowed 2..20"):
         TeacherConfig(folds=1)
+    with pytest.raises(ValueError, match=r"TeacherConfig.early_stopping_fraction=0.9 is out of range"):
+        TeacherConfig(early_stopping_fraction=0.9)
     with pytest.raises(ValueError, match=r"needs the splits train, validation and test; missing \['test'\]"):
         teacher_scores({k: v for k, v in tiny_splits.items() if k != "test"}, TINY, tmp_path)
     with pytest.raises(ValueError, match="Could not load cross-encoder '/no/such/ce'"):

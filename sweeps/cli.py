@@ -1,0 +1,268 @@
+"""The sweep command line and its steps (entry scripts supply the search space and the fixed values)."""
+from __future__ import annotations
+
+import dataclasses
+import functools
+import json
+import sys
+from pathlib import Path
+from typing import Any
+
+import ray
+from ray import tune
+
+from embed_lib.cli import _add_teacher, teacher_config, teacher_progress
+from embed_lib.config import AdapterConfig
+from sweeps.mlflow_callback import MLflowTrialCallback, close_orphans
+from sweeps.report import finish_sweep
+from sweeps.trainable import MAX_EPOCHS, METRIC, MODE, make_trainable, precompute
+
+
+def _scalar(text: str) -> Any:
+    """'0.1' -> 0.1, 'true' -> True, 'pair_gated' -> 'pair_gated' ('none' stays a string: it is a target name)."""
+    if text == "none":
+        return text
+    try:
+        return json.loads(text)
+    except ValueError:
+        return text
+
+
+def parse_grid(items: list[str], file: str | None) -> dict[str, list[Any]]:
+    """`key=v1,v2` items and/or a JSON file {key: [values]} -> {key: values} (values parsed as JSON)."""
+    grid: dict[str, list[Any]] = json.loads(Path(file).read_text()) if file else {}
+    for item in items:
+        if "=" not in item:
+            raise ValueError(f"--grid {item!r}: expected key=v1,v2,...")
+        key, values = item.split("=", 1)
+        grid[key] = [_scalar(v) for v in values.split(",")]
+    valid = {f for f in AdapterConfig.__dataclass_fields__}
+    unknown = sorted(set(grid) - valid)
+    if unknown:
+        raise ValueError(f"Unknown grid key(s) {unknown}. Valid keys: {sorted(valid)}.")
+    return grid
+
+
+def add_sweep_args(p, *, default_samples: int) -> None:
+    from embed_lib.tasks import task_names
+
+    p.add_argument("--task", default="stsb", choices=task_names(), help="the task to sweep (default stsb)")
+    p.add_argument("--encoder", default="minilm", help="sentence-transformers id, local path or alias (default minilm)")
+    p.add_argument("--tau-attn-values", default="1.0",
+                   help="comma list of encoder attention temperatures offered to the search (each one is "
+                        "precomputed; default 1.0)")
+    _add_teacher(p, default_preset="light")
+    p.add_argument("--transfer", default="others",
+                   help="do-no-harm checks: comma list of tasks whose validation pairs (those sharing no sentence "
+                        "with the sweep's train split) every trial is scored on; 'others' = every other task "
+                        "(default), 'none' = no checks")
+    p.add_argument("--transfer-tolerance", type=float, default=0.001,
+                   help="the winner's Spearman delta on every transfer task must be >= -tolerance on every seed "
+                        "(default 0.001)")
+    p.add_argument("--search", choices=["optuna", "grid"], default="optuna")
+    p.add_argument("--grid", action="append", default=[], metavar="KEY=V1,V2",
+                   help="grid values (with --search grid); repeatable")
+    p.add_argument("--grid-file", default=None, help="JSON {key: [values]} for --search grid")
+    p.add_argument("--num-samples", type=int, default=default_samples, help="Optuna configurations")
+    p.add_argument("--seeds", type=int, default=5, help="seeds per configuration (default 5)")
+    p.add_argument("--seed", type=int, default=0, help="Optuna sampler seed")
+    p.add_argument("--max-concurrent", type=int, default=2, help="trials at once (default 2)")
+    p.add_argument("--cpus-per-trial", type=float, default=1.0)
+    p.add_argument("--gpus-per-trial", type=float, default=0.0, help="fractional GPUs per trial on GPU clusters")
+    p.add_argument("--address", default=None, help="Ray address (default: $RAY_ADDRESS or a local Ray)")
+    p.add_argument("--tracking-uri", default=None, help="MLflow URI (default $MLFLOW_TRACKING_URI or sqlite ./mlflow.db)")
+    p.add_argument("--experiment", default=None, help="MLflow experiment (default sweep-<task>)")
+    p.add_argument("--storage-path", default=None,
+                   help="Tune results (default $EMBED_STORAGE_DIR or ./.cache/ray_results, absolute)")
+    p.add_argument("--name", default=None, help="sweep name (default <script>-<task>); --resume continues it")
+    p.add_argument("--resume", action="store_true", help="continue an interrupted sweep of the same --name")
+    p.add_argument("--data-dir", default=None, help="data mirror (default $EMBED_DATA_DIR; unset: the Hub)")
+    p.add_argument("--cache-dir", default=None, help="embedding cache (default $EMBED_CACHE_DIR)")
+    p.add_argument("--encode-workers", type=int, default=1,
+                   help="Ray actors that encode sentences before the trials (one GPU each on GPU clusters)")
+    p.add_argument("--epochs", type=int, default=None, help="fix the epochs instead of searching them")
+    p.add_argument("--limit", type=int, default=None, help="first N pairs of every split")
+    p.add_argument("--smoke-test", action="store_true",
+                   help="whole path on 48 pairs per split, 2 seeds, 2 epochs, 3 trials, a tiny teacher")
+
+
+def transfer_tasks(value: str, task: str) -> list[str]:
+    """--transfer value -> task names ('others': every task but `task`; 'none': no checks)."""
+    from embed_lib.study import default_transfer
+    from embed_lib.tasks import task_names
+
+    if value == "others":
+        return default_transfer(task)
+    if value == "none":
+        return []
+    names = [t.strip() for t in value.split(",") if t.strip()]
+    unknown = sorted(set(names) - set(task_names()))
+    if unknown:
+        raise ValueError(f"--transfer: unknown task(s) {unknown}. Valid: {task_names()}, 'others' or 'none'.")
+    return [t for t in names if t != task]
+
+
+def _open_parent_run(args, name: str, storage: Path):
+    """(tracking URI, experiment, parent run): the sweep's parent run, reopened on --resume."""
+    import mlflow
+
+    from embed_lib.tracking import default_tracking_uri, set_experiment
+
+    tracking_uri = args.tracking_uri or default_tracking_uri()
+    mlflow.set_tracking_uri(tracking_uri)
+    experiment = set_experiment(args.experiment or f"sweep-{args.task}", tracking_uri)
+    marker = storage / name / "mlflow_parent_run.json"
+    if args.resume and not marker.is_file():
+        raise FileNotFoundError(f"--resume: no sweep named {name!r} under {storage}; run without --resume first.")
+    parent_id = json.loads(marker.read_text())["run_id"] if args.resume else None
+    parent = mlflow.start_run(run_id=parent_id, run_name=None if parent_id else name)
+    marker.parent.mkdir(parents=True, exist_ok=True)
+    marker.write_text(json.dumps({"run_id": parent.info.run_id, "tracking_uri": tracking_uri}))
+    return tracking_uri, experiment, parent
+
+
+def _precompute_all(args, cache_dir: Path, limit: int | None, transfer: list[str]):
+    """{tau_attn: StudyData} and the teacher record, each computed once before any trial."""
+    from embed_lib.cli import teacher_summary
+    from embed_lib.config import EncoderConfig
+
+    teacher = teacher_config(args)
+    if teacher is not None and args.smoke_test:
+        teacher = dataclasses.replace(teacher, max_length=64, epochs=1, early_stopping_fraction=0.0)
+    if teacher is not None:
+        print(f"teacher: {args.teacher} with the '{args.teacher_preset}' recipe ({teacher.folds} folds x <= "
+              f"{teacher.epochs} epochs){' (a lighter preset than the study' + chr(39) + 's strong one)' if args.teacher_preset == 'light' else ''}",
+              flush=True)
+    studies, record = {}, None
+    for tau in [float(t) for t in args.tau_attn_values.split(",")]:
+        studies[tau], record = precompute(args.task, EncoderConfig(model=args.encoder, tau_attn=tau), teacher,
+                                          args.data_dir, str(cache_dir), limit, args.encode_workers,
+                                          transfer=transfer, progress=teacher_progress(args.task))
+    if record is not None:
+        print(teacher_summary(record), flush=True)
+    return studies, record
+
+
+def _log_sweep_inputs(args, name: str, fixed: dict[str, Any], studies: dict, record, transfer: list[str]) -> None:
+    import mlflow
+
+    from embed_lib.tracking import git_info
+
+    mlflow.log_params({"search": args.search, "num_samples": args.num_samples, "seeds": args.seeds,
+                       "max_concurrent": args.max_concurrent, "tau_attn_values": args.tau_attn_values,
+                       "transfer": ",".join(transfer) or "none", "transfer_tolerance": args.transfer_tolerance,
+                       "teacher_preset": "none" if record is None else args.teacher_preset,
+                       **{f"fixed.{k}": v for k, v in fixed.items()}})
+    mlflow.set_tags({**git_info(), "command": " ".join(sys.argv), "sweep": name, "task": args.task})
+    mlflow.log_dict({str(t): s.manifest for t, s in studies.items()}, "cache_manifest.json")
+    mlflow.log_dict({k: str(v) for k, v in ray.cluster_resources().items()}, "cluster_resources.json")
+    if record:
+        mlflow.log_dict(record, "teacher.json")
+        q = record.get("quality", {})
+        mlflow.log_metrics({"teacher/val_spearman": record["validation_spearman"], "teacher/seconds": record["seconds"],
+                            **{f"teacher/{k}/error_correlation": v["error_correlation"] for k, v in q.items()
+                               if v["error_correlation"] == v["error_correlation"]}})
+
+
+def _make_tuner(args, trainable, run_config, fixed: dict[str, Any], space_fn, space_keys: list[str], first,
+                taus: list[float], storage: Path, name: str):
+    """(Tuner, the keys the search varies): Optuna (TPE, seeded) or an explicit grid; ASHA on the mean val delta."""
+    from ray.tune.schedulers import ASHAScheduler
+    from ray.tune.search.optuna import OptunaSearch
+
+    if args.resume:
+        return tune.Tuner.restore(str(storage / name), trainable=trainable, resume_unfinished=True,
+                                  resume_errored=True), space_keys
+    max_t = int(fixed.get("epochs", MAX_EPOCHS)) + 1  # epochs + the final (selected-epoch) report
+    scheduler = ASHAScheduler(metric=METRIC, mode=MODE, max_t=max_t, grace_period=min(3, max_t))
+    if args.search == "grid":
+        grid = parse_grid(args.grid, args.grid_file)
+        tune_config = tune.TuneConfig(num_samples=1, max_concurrent_trials=args.max_concurrent, reuse_actors=True)
+        param_space = {k: tune.grid_search(v) for k, v in grid.items()}
+        space_keys = sorted(grid)
+    else:
+        # a partial of a module-level function: the searcher state is pickled for --resume
+        targets = [t for t in ("ce_margin", "lexical", "surface") if t in first.targets]
+        searcher = OptunaSearch(space=functools.partial(space_fn, tau_attn_values=taus, targets=targets,
+                                                        fixed=sorted(fixed)), metric=METRIC, mode=MODE, seed=args.seed)
+        tune_config = tune.TuneConfig(search_alg=searcher, scheduler=scheduler, num_samples=args.num_samples,
+                                      max_concurrent_trials=args.max_concurrent, reuse_actors=True)
+        param_space = {}
+    return tune.Tuner(trainable, param_space=param_space, tune_config=tune_config, run_config=run_config), space_keys
+
+
+def run_sweep(args, script: str, space_fn, space_keys: list[str], fixed: dict[str, Any]) -> dict[str, Any]:
+    """The sweep, step by step (entry scripts supply the space and the fixed values)."""
+    import os
+    import time
+
+    import mlflow
+
+    from embed_lib.config import default_cache_dir
+
+    t0 = time.perf_counter()
+    limit = 48 if args.smoke_test else args.limit
+    if args.smoke_test:
+        args.num_samples, args.seeds, args.epochs = min(args.num_samples, 3), 2, 2
+    if args.epochs is not None:
+        fixed = {**fixed, "epochs": args.epochs}
+    fixed = {**fixed, "task": args.task, "n_seeds": args.seeds}
+    transfer = transfer_tasks(args.transfer, args.task)
+    name = args.name or f"{script}-{args.task}" + ("-smoke" if args.smoke_test else "")
+    storage = Path(args.storage_path or os.environ.get("EMBED_STORAGE_DIR") or Path.cwd() / ".cache" / "ray_results").absolute()
+    cache_dir = Path(args.cache_dir).absolute() if args.cache_dir else default_cache_dir()
+    os.environ.setdefault("TUNE_GLOBAL_CHECKPOINT_S", "2")  # experiment state on disk often: --resume loses little
+    # 1. Ray: the cluster named by --address / $RAY_ADDRESS, else a local one
+    ray.init(address=args.address, ignore_reinit_error=True, log_to_driver=False)
+    # 2. MLflow: the sweep's parent run (reopened on --resume); the driver is the only writer
+    tracking_uri, experiment, parent = _open_parent_run(args, name, storage)
+    # 3. embeddings, transfer checks and held-out teacher scores, once
+    studies, record = _precompute_all(args, cache_dir, limit, transfer)
+    taus = list(studies)
+    first = studies[taus[0]]
+    stages = {"precompute_s": round(time.perf_counter() - t0, 1)}
+    if not args.resume:
+        _log_sweep_inputs(args, name, fixed, studies, record, transfer)
+    # 4. the Tuner
+    trainable = make_trainable(studies if len(taus) > 1 else first, fixed, args.cpus_per_trial, args.gpus_per_trial,
+                               tolerance=args.transfer_tolerance)
+    callback = MLflowTrialCallback(tracking_uri, experiment.experiment_id, parent.info.run_id, fixed)
+    run_config = tune.RunConfig(name=name, storage_path=str(storage), callbacks=[callback],
+                                failure_config=tune.FailureConfig(max_failures=2), verbose=1)
+    tuner, space_keys = _make_tuner(args, trainable, run_config, fixed, space_fn, space_keys, first, taus, storage, name)
+    # 5. run (every trial trains its whole seed group)
+    results = tuner.fit()
+    stages["trials_s"] = round(time.perf_counter() - t0 - stages["precompute_s"], 1)
+    # 6. leaderboard + plots on the parent; the do-no-harm winner retrained, tested once, registered
+    out = finish_sweep(results, studies if len(taus) > 1 else first, fixed, space_keys, args.task, parent.info.run_id,
+                       tolerance=args.transfer_tolerance, teacher=record)
+    # 7. close what a killed driver left open; end the parent
+    out["orphans_closed"] = close_orphans(tracking_uri, experiment.experiment_id, parent.info.run_id)
+    stages["total_s"] = round(time.perf_counter() - t0, 1)
+    mlflow.log_metrics({f"stage/{k}": v for k, v in stages.items()})
+    mlflow.end_run()
+    out.update(parent_run_id=parent.info.run_id, experiment_id=experiment.experiment_id, tracking_uri=tracking_uri,
+               stages=stages)
+    print("stages: " + ", ".join(f"{k[:-2]} {v:.0f}s" for k, v in stages.items()))
+    print(f"MLflow: {tracking_uri} experiment '{experiment.name}', sweep run {parent.info.run_id}. UI: make mlflow-ui")
+    return out
+
+
+def suggest_nuisance(trial, fixed=()) -> None:
+    """The nuisance hyperparameters every sweep tunes so that comparisons are fair."""
+    trial.suggest_float("lr", 3e-4, 3e-3, log=True)
+    trial.suggest_float("weight_decay", 1e-4, 0.1, log=True)
+    trial.suggest_categorical("width", [64, 128, 256])
+    if "epochs" not in fixed:
+        trial.suggest_int("epochs", 4, MAX_EPOCHS)
+
+
+def sweep_main(doc: str, script: str, space_fn, space_keys: list[str], fixed: dict[str, Any]) -> None:
+    """Command line of an entry script: parse, run the sweep, print its outcome as JSON."""
+    import argparse
+
+    parser = argparse.ArgumentParser(description=doc, formatter_class=argparse.RawDescriptionHelpFormatter)
+    add_sweep_args(parser, default_samples=24)
+    out = run_sweep(parser.parse_args(), script, space_fn, space_keys, fixed)
+    print(json.dumps({k: v for k, v in out.items() if k not in ("summary", "config")}, default=str))
+

@@ -1,0 +1,90 @@
+"""MLflow for a sweep: the driver is the only writer (one child run per trial under the sweep's parent run,
+reused when a resumed sweep restarts a trial); `close_orphans` ends what a killed driver left RUNNING."""
+from __future__ import annotations
+
+import json
+from typing import Any
+
+from ray import tune
+
+from sweeps.trainable import FINAL_KEYS
+
+
+class MLflowTrialCallback(tune.Callback):
+    """Child MLflow runs for trials, written from the driver only (see module docstring)."""
+
+    def __init__(self, tracking_uri: str, experiment_id: str, parent_run_id: str,
+                 fixed: dict[str, Any] | None = None) -> None:
+        self.tracking_uri, self.experiment_id, self.parent = tracking_uri, experiment_id, parent_run_id
+        self.fixed = dict(fixed or {})  # what the trainable applies over the trial's config
+        self.runs: dict[str, str] = {}
+
+    @property
+    def client(self):
+        import mlflow
+
+        return mlflow.MlflowClient(self.tracking_uri)
+
+    def _run_for(self, trial) -> str:
+        if trial.trial_id in self.runs:
+            return self.runs[trial.trial_id]
+        found = self.client.search_runs(
+            [self.experiment_id], f"tags.`mlflow.parentRunId` = '{self.parent}' and tags.trial_id = '{trial.trial_id}'")
+        if found:  # a resumed sweep restarting this trial: reuse its run
+            run_id = found[0].info.run_id
+            self.client.update_run(run_id, status="RUNNING")
+        else:
+            run = self.client.create_run(self.experiment_id, run_name=f"trial-{trial.trial_id}",
+                                         tags={"mlflow.parentRunId": self.parent, "trial_id": trial.trial_id})
+            run_id = run.info.run_id
+            from mlflow.entities import Param
+
+            config = {**trial.config, **self.fixed}  # the configuration that actually trains
+            self.client.log_batch(run_id, params=[Param(k, str(v)) for k, v in sorted(config.items())])
+            self.client.log_dict(run_id, config, "config.json")
+        self.runs[trial.trial_id] = run_id
+        return run_id
+
+    def on_trial_start(self, iteration, trials, trial, **info):
+        self._run_for(trial)
+
+    def on_trial_result(self, iteration, trials, trial, result, **info):
+        from mlflow.entities import Metric
+
+        run_id, step = self._run_for(trial), int(result.get("training_iteration", 0))
+        ts = int(result.get("timestamp", 0) * 1000)
+        if "per_seed" in result:
+            per_seed = json.loads(result["per_seed"])
+            metrics = [Metric(k, float(result[k]), ts, 0) for k in result
+                       if k in (*FINAL_KEYS, "seconds") or k.startswith("transfer/")]
+            metrics += [Metric(f"seed/{k}", float(v), ts, i) for i, r in enumerate(per_seed)
+                        for k, v in r.items() if isinstance(v, (int, float)) and v == v]
+            self.client.log_batch(run_id, metrics=metrics)
+            self.client.log_dict(run_id, per_seed, "per_seed.json")
+        else:
+            self.client.log_batch(run_id, metrics=[Metric(k, float(result[k]), ts, step) for k in
+                                                   ("val_delta_mean", "val_delta_min", "val_spearman_mean") if k in result])
+
+    def on_trial_complete(self, iteration, trials, trial, **info):
+        run_id = self._run_for(trial)
+        if "per_seed" not in (trial.last_result or {}):
+            self.client.set_tag(run_id, "stopped_early", "true")  # ASHA pruned it
+        self.client.set_terminated(run_id, "FINISHED")
+
+    def on_trial_error(self, iteration, trials, trial, **info):
+        self.client.set_terminated(self._run_for(trial), "FAILED")
+
+
+
+def close_orphans(tracking_uri: str, experiment_id: str, parent_run_id: str) -> int:
+    """Child runs still RUNNING after the sweep (a killed driver's in-flight trials) -> KILLED."""
+    import mlflow
+
+    client = mlflow.MlflowClient(tracking_uri)
+    runs = client.search_runs([experiment_id], f"tags.`mlflow.parentRunId` = '{parent_run_id}' and "
+                                               "attributes.status = 'RUNNING'")
+    for r in runs:
+        client.set_terminated(r.info.run_id, "KILLED")
+    return len(runs)
+
+

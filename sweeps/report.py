@@ -1,0 +1,163 @@
+"""The end of a sweep: leaderboard and plots on the parent run, the do-no-harm winner rule, the winner
+retrained with test evaluated once, logged and registered in the MLflow Model Registry."""
+from __future__ import annotations
+
+import json
+from typing import Any, Callable
+
+from embed_lib.selection import TRANSFER_TOLERANCE, leaderboard, no_winner_reason, select_winner, to_markdown
+from sweeps.trainable import final_metrics, resolve
+
+
+def rows_from(results, fixed: dict[str, Any]) -> tuple[list[dict[str, Any]], list[dict[str, Any]]]:
+    """(complete trials, early-stopped trials) as flat dicts of config + final metrics."""
+    done, stopped = [], []
+    for r in results:
+        if r.metrics is None:
+            continue
+        row = {"trial": r.metrics.get("trial_id"), **r.config, **fixed, "config": dict(r.config)}
+        if "per_seed" in r.metrics:
+            row.update(final_metrics(r.metrics))
+            row["per_seed"] = json.loads(r.metrics["per_seed"])
+            done.append(row)
+        else:
+            row["val_delta_mean_last"] = r.metrics.get("val_delta_mean")
+            stopped.append(row)
+    return done, stopped
+
+
+def isolation_plot(rows: list[dict[str, Any]], keys: list[str]):
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    keys = [k for k in keys if any(k in r for r in rows)]
+    fig, axes = plt.subplots(1, max(1, len(keys)), figsize=(3 * max(1, len(keys)), 3), squeeze=False)
+    for ax, key in zip(axes[0], keys):
+        xs = [r.get(key) for r in rows]
+        ys = [r["delta_val_mean"] for r in rows]
+        if all(isinstance(x, (int, float)) and not isinstance(x, bool) for x in xs):
+            ax.scatter(xs, ys, s=12)
+            if key in ("lr", "lambda_c", "lambda_mod", "weight_decay") and min(xs) > 0:
+                ax.set_xscale("log")
+        else:
+            cats = sorted({str(x) for x in xs})
+            ax.scatter([cats.index(str(x)) for x in xs], ys, s=12)
+            ax.set_xticks(range(len(cats)), cats, rotation=30, fontsize=7)
+        ax.axhline(0, color="k", lw=0.6)
+        ax.set_title(key, fontsize=9)
+    axes[0][0].set_ylabel("mean val delta")
+    fig.tight_layout()
+    return fig
+
+
+def seed_plot(rows: list[dict[str, Any]], top: int = 5):
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    fig, ax = plt.subplots(figsize=(6, 3))
+    for i, r in enumerate(rows[:top]):
+        d = [s["delta_val"] for s in r["per_seed"]]
+        ax.scatter([i] * len(d), d, s=14)
+    ax.axhline(0, color="k", lw=0.6)
+    ax.set_xticks(range(min(top, len(rows))), [str(r["trial"]) for r in rows[:top]], rotation=30, fontsize=7)
+    ax.set_ylabel("per-seed val delta")
+    ax.set_title(f"top {min(top, len(rows))} configurations")
+    fig.tight_layout()
+    return fig
+
+
+def _board(done: list[dict[str, Any]], stopped: list[dict[str, Any]], space_keys: list[str], fixed: dict[str, Any],
+           log_fn: Callable[[str], None]) -> None:
+    """Leaderboard (CSV + markdown) and plots on the active (parent) run."""
+    import matplotlib.pyplot as plt
+    import mlflow
+
+    board = leaderboard([{k: v for k, v in r.items() if k not in ("per_seed", "config")} for r in done])
+    mlflow.log_text(board.to_csv(index=False), "leaderboard.csv")
+    mlflow.log_text(to_markdown(board), "leaderboard.md")
+    mlflow.log_metrics({"trials_complete": len(done), "trials_stopped_early": len(stopped)})
+    ranked = sorted(done, key=lambda r: -r["delta_val_mean"])
+    if done:
+        for name, fig in (("plots/isolation.png", isolation_plot(done, space_keys)), ("plots/top_seeds.png", seed_plot(ranked))):
+            mlflow.log_figure(fig, name)
+            plt.close(fig)
+    shown = [c for c in board.columns if not (c in fixed and c not in space_keys)
+             and not (c.startswith("transfer/") and not c.endswith("_min"))]
+    log_fn(to_markdown(board[shown], top=10))
+
+
+def rule_text(tolerance: float) -> str:
+    return (f"validation delta > 0 on every seed; every transfer delta >= -{tolerance:g} on every seed; "
+            "best mean validation delta, near-ties to the smaller gamma")
+
+
+def _describe_version(task: str, version: str, result, tolerance: float, teacher: dict[str, Any] | None) -> dict:
+    """Tags and description of the registered version: the rule and the figures it was chosen on."""
+    import mlflow
+
+    from embed_lib.registry import model_name
+
+    s = result.summary
+    transfer = {k.split("/")[1]: v for k, v in s.items() if k.startswith("transfer/") and k.endswith("/delta_min")}
+    tags = {"winner_rule": rule_text(tolerance), "transfer_tolerance": repr(tolerance),
+            "val_delta_mean": f"{s['delta_val_mean']:+.5f}", "val_delta_positive": f"{s['delta_val_positive']}/{s['n_seeds']}",
+            **({"transfer_delta_min": f"{s['transfer_delta_min']:+.5f}"} if "transfer_delta_min" in s else {}),
+            **{f"transfer_delta_min.{k}": f"{v:+.5f}" for k, v in transfer.items()}}
+    if teacher is not None:
+        tags["teacher"] = f"{teacher['config']['model']} ({teacher.get('preset', 'custom')}), key {teacher['key']}"
+    client = mlflow.MlflowClient()
+    for k, v in tags.items():
+        client.set_model_version_tag(model_name(task), version, k, v)
+    client.update_model_version(model_name(task), version, description=(
+        f"{result.config.adapter} (target {result.config.target}, gamma {result.config.gamma:g}) on {task}: validation "
+        f"delta {s['delta_val_mean']:+.4f} vs the frozen cosine ({s['delta_val_positive']}/{s['n_seeds']} seeds > 0), "
+        f"test {s.get('delta_test_mean', float('nan')):+.4f}; worst transfer delta "
+        f"{s.get('transfer_delta_min', float('nan')):+.4f} (" + ", ".join(f"{k} {v:+.4f}" for k, v in transfer.items())
+        + f"). Rule: {rule_text(tolerance)}."))
+    return tags
+
+
+def finish_sweep(results, data, fixed: dict[str, Any], space_keys: list[str], task: str, parent_run_id: str,
+                 log_fn: Callable[[str], None] = print, tolerance: float = TRANSFER_TOLERANCE,
+                 teacher: dict[str, Any] | None = None) -> dict[str, Any]:
+    """Leaderboard and plots on the parent run; the do-no-harm winner retrained, tested once, registered."""
+    import mlflow
+
+    from embed_lib.registry import SELECTION_METRIC, log_adapter_model, model_name, promote
+    from embed_lib.tracking import log_group
+    from embed_lib.train import train_seed_group
+
+    done, stopped = rows_from(results, fixed)
+    _board(done, stopped, space_keys, fixed, log_fn)
+    winner = select_winner(done, tolerance=tolerance)
+    out: dict[str, Any] = {"complete": len(done), "stopped_early": len(stopped), "winner": None}
+    mlflow.set_tag("winner_rule", rule_text(tolerance))
+    if winner is None:
+        msg = no_winner_reason(done, tolerance) + " Nothing registered."
+        mlflow.set_tags({"winner": "none", "no_winner_reason": msg})
+        log_fn(msg)
+        out["reason"] = msg
+        return out
+    cfg, data = resolve(winner["config"], data, fixed)  # exactly what the winning trial trained
+    result = train_seed_group(cfg, data)  # the only place test is evaluated
+    with mlflow.start_run(run_name="winner", nested=True, parent_run_id=parent_run_id):
+        log_group(result, data, teacher)
+        info = log_adapter_model(result, data, registered_name=model_name(task))
+        version = str(info.registered_model_version)
+        alias = promote(model_name(task), version, result.summary[SELECTION_METRIC])
+        _describe_version(task, version, result, tolerance, teacher)
+    mlflow.set_tags({"winner": winner["trial"], "winner_version": version, "winner_alias": alias})
+    out.update(winner=winner["trial"], version=version, alias=alias, config=cfg.to_dict(), summary=result.summary)
+    s = result.summary
+    transfer = ", ".join(f"{k.split('/')[1]} {v:+.4f}" for k, v in s.items()
+                         if k.startswith("transfer/") and k.endswith("/delta_min"))
+    log_fn(f"winner {winner['trial']} ({cfg.adapter}, target {cfg.target}, gamma {cfg.gamma:.3g}, lambda_delta "
+           f"{cfg.lambda_delta:.3g}, novelty_quantile {cfg.novelty_quantile:.3g}): val delta {s['delta_val_mean']:+.4f} "
+           f"({s['delta_val_positive']}/{cfg.n_seeds} seeds positive), test delta {s['delta_test_mean']:+.4f} "
+           f"({s['delta_test_positive']}/{cfg.n_seeds}); worst seed's transfer delta per task: {transfer or 'none'}; "
+           f"registered {model_name(task)} version {version} as '{alias}'")
+    return out
