@@ -2,7 +2,8 @@
 
     baseline     frozen cosine baseline of one task or all, every split, as a table + results file
     train        one adapter configuration on a seed group: per-seed table, logged to MLflow
-    study        the reference comparison (every form and control) on one task or all -> results/study.md
+    study        the reference comparison (every form and control) on one task or all -> results/study_<task>.{md,json}
+    retrieval    re-ranking check on a duplicate-question retrieval set -> results/retrieval_<task>.{md,json}
     diagnostics  headroom of each difficulty signal and the length-collapse table
 """
 from __future__ import annotations
@@ -269,6 +270,94 @@ def cmd_study(args: argparse.Namespace) -> int:
     return 0
 
 
+def _retrieval_models(args, data):
+    """[(label, PairAdapter)] to re-rank with: the registered model (--model-uri) or a group trained here."""
+    from embed_lib.adapters import PairAdapter
+
+    if args.train:
+        from embed_lib.train import novelty_gate, train_seed_group
+
+        cfg = adapter_config(args, args.task)
+        result = train_seed_group(cfg, data)
+        gate = novelty_gate(data, cfg.novelty_quantile) if cfg.novelty_quantile > 0 else None
+        model = PairAdapter.from_config(cfg, int(data.X.shape[1]), novelty=gate)
+        model.load_state_dict(result.state_dict)
+        return f"{cfg.adapter} trained on {args.task} train ({cfg.n_seeds} seeds)", model.eval()
+    from embed_lib.cache import manifest_mismatch
+    from embed_lib.registry import load_registered
+    from embed_lib.tracking import default_tracking_uri
+
+    model, config, manifest = load_registered(args.model_uri, args.tracking_uri or default_tracking_uri())
+    diff = manifest_mismatch(manifest, data.manifest)
+    if diff:
+        raise ValueError(f"{args.model_uri} was trained on other encoder vectors (field: (model, here) = {diff}); "
+                         "pass the matching --encoder / --tau-attn.")
+    return f"{args.model_uri} ({config.adapter}, trained on {config.task})", model.eval()
+
+
+def cmd_retrieval(args: argparse.Namespace) -> int:
+    import numpy as np
+    import torch
+
+    from embed_lib import retrieval as R
+    from embed_lib.study import load_study
+
+    t0 = time.perf_counter()
+    teacher = teacher_config(args) if args.train and args.target == "ce_margin" else None
+    data, _ = load_study(args.task, encoder_config(args), teacher, data_dir=args.data_dir, cache_dir=args.cache_dir,
+                         progress=teacher_progress(args.task))
+    split = load_splits(args.task, (args.split,), args.data_dir)[args.split]
+    if not split.binary:
+        raise ValueError(f"--task {args.task!r} is graded; the retrieval check needs a binary duplicate task (qqp, mrpc).")
+    rs = R.build_retrieval_set(split.sentence1, split.sentence2, split.label)
+    emb, _ = embed_splits({args.split: split}, LazyEncoder(encoder_config(args)), args.cache_dir)
+    row = {t: i for i, t in enumerate(emb.texts)}
+    V = torch.from_numpy(np.ascontiguousarray(emb.vectors[[row[t] for t in rs.texts]]))  # (n, d) corpus vectors
+    label, model = _retrieval_models(args, data)
+    S = len(model.seeds)
+
+    @torch.no_grad()
+    def all_seeds(qs: np.ndarray, ds: np.ndarray) -> np.ndarray:  # (S, n) scores of every seed
+        out = [model(V[qs[i: i + 8192]].expand(S, -1, -1), V[ds[i: i + 8192]].expand(S, -1, -1)).score
+               for i in range(0, len(qs), 8192)]
+        return torch.cat(out, 1).numpy()
+
+    top = R.cosine_top_k(V.numpy(), rs.queries, args.top_k)
+    base = R.ranking_metrics(top, rs.relevant)
+    q, k = top.shape
+    scores = all_seeds(np.repeat(rs.queries, k), top.reshape(-1)).reshape(S, q, k)
+    per_seed = []
+    for s in range(S):
+        ranked = np.take_along_axis(top, np.argsort(-scores[s], axis=1, kind="stable"), 1)
+        per_seed.append(R.ranking_metrics(ranked, rs.relevant))
+    ens = R.ranking_metrics(np.take_along_axis(top, np.argsort(-scores.mean(0), axis=1, kind="stable"), 1),
+                            rs.relevant)
+    diffs = {m: np.array([p[m] - base[m] for p in per_seed]) for m in base}
+    result = {"task": args.task, "split": args.split, "split_note": split.split_note, "model": label,
+              "queries": int(q), "corpus": len(rs.texts), "top_k": int(k), "frozen_cosine": base,
+              "reranked_per_seed": per_seed, "reranked_ensemble": ens,
+              "delta": {m: {"mean": float(d.mean()), "std": float(d.std(ddof=1)) if len(d) > 1 else 0.0,
+                            "min": float(d.min()), "positive": int((d > 0).sum()), "n_seeds": len(d)}
+                        for m, d in diffs.items()},
+              "seconds": round(time.perf_counter() - t0, 1)}
+    lines = [f"# Re-ranking check: {args.task} {args.split} (BEIR-Quora style)", "",
+             f"Model: {label}. {q} queries (first questions of the split's duplicate pairs), corpus {len(rs.texts)} "
+             f"distinct questions of the split ({split.split_note}); frozen cosine top-{k}, re-ranked by each seed.",
+             "", "| metric | frozen cosine | re-ranked (mean over seeds) | delta mean ± std | min | seeds > 0 | "
+             "served ensemble |", "|---|---|---|---|---|---|---|"]
+    for m, d in diffs.items():
+        lines.append(f"| {m} | {base[m]:.4f} | {np.mean([p[m] for p in per_seed]):.4f} | {d.mean():+.4f} ± "
+                     f"{result['delta'][m]['std']:.4f} | {d.min():+.4f} | {int((d > 0).sum())}/{len(d)} | {ens[m]:.4f} |")
+    text = "\n".join(lines) + "\n"
+    print(text)
+    out = Path(args.out)
+    out.parent.mkdir(parents=True, exist_ok=True)
+    out.write_text(text)
+    out.with_suffix(".json").write_text(json.dumps(result, indent=2))
+    print(f"wrote {out} and {out.with_suffix('.json')} in {result['seconds']:.0f}s", file=sys.stderr)
+    return 0
+
+
 def cmd_diagnostics(args: argparse.Namespace) -> int:
     import numpy as np
 
@@ -329,6 +418,21 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--limit", type=int, default=None, help="first N pairs of every split (smoke tests)")
     p.add_argument("--out", default=None, help="results file (default: results/study_<task>.md)")
     p.set_defaults(func=cmd_study)
+
+    p = sub.add_parser("retrieval", help="re-ranking check on a BEIR-Quora-style retrieval set (nDCG@10, MRR@10, "
+                                         "Recall@100) -> results/retrieval_<task>.{md,json}")
+    _add_common(p)
+    _add_adapter(p)
+    _add_teacher(p)
+    p.add_argument("--model-uri", default="models:/pair-residual-stsb@champion",
+                   help="registered adapter to re-rank with (default: the STS-B champion of `make run`)")
+    p.add_argument("--tracking-uri", default=None, help="MLflow tracking URI (default: $MLFLOW_TRACKING_URI)")
+    p.add_argument("--train", action="store_true",
+                   help="instead of --model-uri, train the adapter given by the adapter flags on the task's train split")
+    p.add_argument("--split", default="test", help="the split the retrieval set is built from (default test)")
+    p.add_argument("--top-k", type=int, default=100, help="frozen-cosine candidates re-ranked (default 100)")
+    p.add_argument("--out", default=None, help="results file (default: results/retrieval_<task>.md)")
+    p.set_defaults(func=cmd_retrieval)
 
     p = sub.add_parser("diagnostics", help="headroom of each difficulty signal; length collapse")
     _add_common(p)

@@ -58,10 +58,18 @@ def promote(name: str, version: str | int, val_metric: float, client=None) -> st
 def download_adapter(model_uri: str, dst: str | Path | None = None, tracking_uri: str | None = None) -> Path:
     """Download a logged / registered model (runs:/..., models:/name@alias) and return its adapter dir.
     tracking_uri: the MLflow store to read (default: MLflow's current one)."""
+    import re
+
     import mlflow
 
+    m = re.fullmatch(r"models:/([^/@]+)(?:@([^/]+)|/(\d+))", model_uri)
+    if m:  # resolve through a client of this store: MLflow's own models:/ resolution reads the global registry
+        name, alias, version = m.groups()
+        client = mlflow.MlflowClient(tracking_uri, registry_uri=tracking_uri)
+        version = client.get_model_version_by_alias(name, alias).version if alias else version
+        model_uri = client.get_model_version_download_uri(name, str(version))
     local = Path(mlflow.artifacts.download_artifacts(artifact_uri=model_uri, dst_path=str(dst) if dst else None,
-                                                     tracking_uri=tracking_uri, registry_uri=tracking_uri))
+                                                     tracking_uri=tracking_uri))
     adapter = local / "artifacts" / "adapter"
     if not adapter.is_dir():
         raise FileNotFoundError(f"{model_uri} has no artifacts/adapter directory; was it logged by "

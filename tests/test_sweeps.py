@@ -51,20 +51,27 @@ def test_smoke_sweep_through_ray_job_submit(sweep_env):
     assert {"leaderboard.csv", "leaderboard.md", "cache_manifest.json", "teacher.json", "plots"} <= artifacts
     trials = [r for r in _children(client, exp.experiment_id, parent.info.run_id) if "trial_id" in r.data.tags]
     assert len(trials) == 3 and all(r.info.status == "FINISHED" for r in trials)
+    assert parent.data.params["transfer"] == "mrpc,paws,qqp" and "winner_rule" in parent.data.tags
     for r in trials:
-        assert {"delta_val_mean", "delta_val_positive", "val_delta_mean"} <= set(r.data.metrics)
+        assert {"delta_val_mean", "delta_val_positive", "val_delta_mean", "transfer_delta_min",
+                "transfer/paws/delta_min", "transfer/qqp/delta_mean"} <= set(r.data.metrics)
         assert len(client.get_metric_history(r.info.run_id, "seed/delta_val")) == 2  # two seeds
         assert len(client.get_metric_history(r.info.run_id, "val_delta_mean")) >= 2  # epochs + final
 
 
 def test_grid_sweep_registers_champion_then_challenger(sweep_env):
     args = ["--task", "stsb", "--no-teacher", "--search", "grid", "--grid", "adapter=pair_gated",
-            "--grid", "target=lexical", "--grid", "gamma=0.05,0.1", "--seeds", "2", "--epochs", "2"]
+            "--grid", "target=lexical", "--grid", "gamma=0.05,0.1", "--seeds", "2", "--epochs", "2",
+            "--transfer", "mrpc,paws", "--transfer-tolerance", "1.0"]  # 2 epochs: registration, not quality
     out = _submit(sweep_env, *args, "--name", "grid-a")
     assert "registered pair-residual-stsb version 1 as 'champion'" in out
     client = _client(sweep_env)
     champion = client.get_model_version_by_alias("pair-residual-stsb", "champion")
     assert str(champion.version) == "1" and float(champion.tags["val_spearman"]) > 0.867  # above the frozen cosine
+    # the rule and the transfer figures it was chosen on travel with the version
+    assert "every transfer delta >= -1 on every seed" in champion.tags["winner_rule"]
+    assert {"transfer_delta_min", "transfer_delta_min.mrpc", "transfer_delta_min.paws"} <= set(champion.tags)
+    assert "worst transfer delta" in champion.description and "transfer_delta_min.qqp" not in champion.tags
     # the same sweep again: equal validation, so the new version must not displace the champion
     out = _submit(sweep_env, *args, "--name", "grid-b")
     assert "version 2 as 'challenger'" in out

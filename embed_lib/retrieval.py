@@ -1,0 +1,80 @@
+"""Re-ranking check on a duplicate-question retrieval set, built the way BEIR's Quora set is built.
+
+From one split of a binary duplicate task (QQP): the queries are the first questions of its duplicate
+pairs; the corpus is every distinct question of the split; a query's relevant documents are its
+duplicates in the split (the query itself is never a candidate). The frozen cosine retrieves the top-k
+(default 100) documents; the adapter re-scores only those (a re-ranker over cached vectors). Metrics
+per query, averaged: nDCG@10, MRR@10, Recall@100 (binary relevance).
+"""
+from __future__ import annotations
+
+from collections import defaultdict
+from dataclasses import dataclass
+from typing import Callable, Sequence
+
+import numpy as np
+
+
+@dataclass
+class RetrievalSet:
+    texts: list[str]  # the corpus (distinct questions)
+    queries: np.ndarray  # (q,) corpus rows of the queries
+    relevant: list[set[int]]  # per query: corpus rows of its duplicates
+
+
+def build_retrieval_set(sentence1: Sequence[str], sentence2: Sequence[str], labels: np.ndarray) -> RetrievalSet:
+    """Queries, corpus and relevance from labelled pairs (see module docstring)."""
+    texts = list(dict.fromkeys([*sentence1, *sentence2]))
+    row = {t: i for i, t in enumerate(texts)}
+    dup: dict[int, set[int]] = defaultdict(set)
+    for a, b, y in zip(sentence1, sentence2, labels):
+        if y >= 0.5 and a != b:
+            dup[row[a]].add(row[b])
+            dup[row[b]].add(row[a])
+    queries = list(dict.fromkeys(row[a] for a, b, y in zip(sentence1, sentence2, labels) if y >= 0.5 and a != b))
+    return RetrievalSet(texts, np.array(queries, dtype=np.int64), [dup[q] for q in queries])
+
+
+def ndcg_at_k(ranked: Sequence[int], relevant: set[int], k: int = 10) -> float:
+    """Binary-relevance nDCG@k: sum_{i<k, d_i rel} 1/log2(i+2) / sum_{i<min(k,|rel|)} 1/log2(i+2)."""
+    dcg = sum(1.0 / np.log2(i + 2) for i, d in enumerate(ranked[:k]) if d in relevant)
+    ideal = sum(1.0 / np.log2(i + 2) for i in range(min(k, len(relevant))))
+    return dcg / ideal if ideal else 0.0
+
+
+def mrr_at_k(ranked: Sequence[int], relevant: set[int], k: int = 10) -> float:
+    """1 / rank of the first relevant document within the top k, else 0."""
+    for i, d in enumerate(ranked[:k]):
+        if d in relevant:
+            return 1.0 / (i + 1)
+    return 0.0
+
+
+def recall_at_k(ranked: Sequence[int], relevant: set[int], k: int = 100) -> float:
+    return len(set(ranked[:k]) & relevant) / len(relevant) if relevant else 0.0
+
+
+def ranking_metrics(rankings: Sequence[Sequence[int]], relevant: Sequence[set[int]]) -> dict[str, float]:
+    return {"ndcg@10": float(np.mean([ndcg_at_k(r, rel) for r, rel in zip(rankings, relevant)])),
+            "mrr@10": float(np.mean([mrr_at_k(r, rel) for r, rel in zip(rankings, relevant)])),
+            "recall@100": float(np.mean([recall_at_k(r, rel) for r, rel in zip(rankings, relevant)]))}
+
+
+def cosine_top_k(vectors: np.ndarray, queries: np.ndarray, k: int = 100) -> np.ndarray:
+    """(q, k) corpus rows by frozen cosine, best first, the query itself excluded."""
+    v = vectors / np.maximum(np.linalg.norm(vectors, axis=1, keepdims=True), 1e-12)
+    sims = v[queries] @ v.T  # (q, n)
+    sims[np.arange(len(queries)), queries] = -np.inf
+    k = min(k, v.shape[0] - 1)
+    top = np.argpartition(-sims, k - 1, axis=1)[:, :k]
+    order = np.argsort(-np.take_along_axis(sims, top, 1), axis=1, kind="stable")
+    return np.take_along_axis(top, order, 1)
+
+
+def rerank(candidates: np.ndarray, queries: np.ndarray,
+           score_pairs: Callable[[np.ndarray, np.ndarray], np.ndarray]) -> np.ndarray:
+    """(q, k) candidates re-ordered by score_pairs(query rows, doc rows) -> (n_pairs,) scores."""
+    q, k = candidates.shape
+    scores = score_pairs(np.repeat(queries, k), candidates.reshape(-1)).reshape(q, k)
+    order = np.argsort(-scores, axis=1, kind="stable")
+    return np.take_along_axis(candidates, order, 1)
