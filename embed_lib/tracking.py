@@ -86,9 +86,13 @@ def log_group(result: GroupResult, data: StudyData, teacher: dict[str, Any] | No
     mlflow.set_tags({**git_info(), "command": " ".join([Path(sys.argv[0]).name, *sys.argv[1:]]),
                      "task": cfg.task, "adapter": cfg.adapter, "control": cfg.control, "target": cfg.target,
                      **{f"split.{k}": v for k, v in data.split_notes.items()}})
+    metrics = {f"baseline/{k}": v for k, v in result.baseline.items()}
     if teacher is not None:
         mlflow.log_dict(teacher, "teacher.json")
-    metrics = {f"baseline/{k}": v for k, v in result.baseline.items()}
+        mlflow.set_tags({"teacher": teacher["config"]["model"], "teacher_preset": teacher.get("preset", "custom")})
+        metrics["teacher/seconds"] = teacher["seconds"]
+        for split, q in teacher.get("quality", {}).items():
+            metrics.update({f"teacher/{split}/{k}": v for k, v in q.items()})
     metrics.update({k: v for k, v in result.summary.items()})
     metrics.update({"n_parameters": result.n_parameters, "train_seconds": result.seconds})
     mlflow.log_metrics({k.replace("@", "_"): float(v) for k, v in metrics.items() if np.isfinite(v)})

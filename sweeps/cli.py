@@ -64,6 +64,8 @@ def add_sweep_args(p, *, default_samples: int) -> None:
                    help="grid values (with --search grid); repeatable")
     p.add_argument("--grid-file", default=None, help="JSON {key: [values]} for --search grid")
     p.add_argument("--num-samples", type=int, default=default_samples, help="Optuna configurations")
+    p.add_argument("--no-start-points", action="store_true",
+                   help="let Optuna start from random proposals instead of the entry script's START_POINTS")
     p.add_argument("--seeds", type=int, default=5, help="seeds per configuration (default 5)")
     p.add_argument("--seed", type=int, default=0, help="Optuna sampler seed")
     p.add_argument("--max-concurrent", type=int, default=2, help="trials at once (default 2)")
@@ -165,7 +167,7 @@ def _log_sweep_inputs(args, name: str, fixed: dict[str, Any], studies: dict, rec
 
 
 def _make_tuner(args, trainable, run_config, fixed: dict[str, Any], space_fn, space_keys: list[str], first,
-                taus: list[float], storage: Path, name: str):
+                taus: list[float], storage: Path, name: str, start_points=None):
     """(Tuner, the keys the search varies): Optuna (TPE, seeded) or an explicit grid; ASHA on the mean val delta."""
     from ray.tune.schedulers import ASHAScheduler
     from ray.tune.search.optuna import OptunaSearch
@@ -183,15 +185,18 @@ def _make_tuner(args, trainable, run_config, fixed: dict[str, Any], space_fn, sp
     else:
         # a partial of a module-level function: the searcher state is pickled for --resume
         targets = [t for t in ("ce_margin", "lexical", "surface") if t in first.targets]
+        points = start_points(targets, sorted(fixed)) if start_points and not args.no_start_points else None
         searcher = OptunaSearch(space=functools.partial(space_fn, tau_attn_values=taus, targets=targets,
-                                                        fixed=sorted(fixed)), metric=METRIC, mode=MODE, seed=args.seed)
+                                                        fixed=sorted(fixed)), metric=METRIC, mode=MODE, seed=args.seed,
+                                points_to_evaluate=points or None)
         tune_config = tune.TuneConfig(search_alg=searcher, scheduler=scheduler, num_samples=args.num_samples,
                                       max_concurrent_trials=args.max_concurrent, reuse_actors=True)
         param_space = {}
     return tune.Tuner(trainable, param_space=param_space, tune_config=tune_config, run_config=run_config), space_keys
 
 
-def run_sweep(args, script: str, space_fn, space_keys: list[str], fixed: dict[str, Any]) -> dict[str, Any]:
+def run_sweep(args, script: str, space_fn, space_keys: list[str], fixed: dict[str, Any],
+              start_points=None) -> dict[str, Any]:
     """The sweep, step by step (entry scripts supply the space and the fixed values)."""
     import os
     import time
@@ -229,7 +234,8 @@ def run_sweep(args, script: str, space_fn, space_keys: list[str], fixed: dict[st
     callback = MLflowTrialCallback(tracking_uri, experiment.experiment_id, parent.info.run_id, fixed)
     run_config = tune.RunConfig(name=name, storage_path=str(storage), callbacks=[callback],
                                 failure_config=tune.FailureConfig(max_failures=2), verbose=1)
-    tuner, space_keys = _make_tuner(args, trainable, run_config, fixed, space_fn, space_keys, first, taus, storage, name)
+    tuner, space_keys = _make_tuner(args, trainable, run_config, fixed, space_fn, space_keys, first, taus, storage, name,
+                                    start_points)
     # 5. run (every trial trains its whole seed group)
     results = tuner.fit()
     stages["trials_s"] = round(time.perf_counter() - t0 - stages["precompute_s"], 1)
@@ -257,12 +263,13 @@ def suggest_nuisance(trial, fixed=()) -> None:
         trial.suggest_int("epochs", 4, MAX_EPOCHS)
 
 
-def sweep_main(doc: str, script: str, space_fn, space_keys: list[str], fixed: dict[str, Any]) -> None:
+def sweep_main(doc: str, script: str, space_fn, space_keys: list[str], fixed: dict[str, Any],
+               start_points=None) -> None:
     """Command line of an entry script: parse, run the sweep, print its outcome as JSON."""
     import argparse
 
     parser = argparse.ArgumentParser(description=doc, formatter_class=argparse.RawDescriptionHelpFormatter)
-    add_sweep_args(parser, default_samples=24)
-    out = run_sweep(parser.parse_args(), script, space_fn, space_keys, fixed)
+    add_sweep_args(parser, default_samples=32)
+    out = run_sweep(parser.parse_args(), script, space_fn, space_keys, fixed, start_points)
     print(json.dumps({k: v for k, v in out.items() if k not in ("summary", "config")}, default=str))
 
