@@ -121,9 +121,10 @@ def _add_teacher(p: argparse.ArgumentParser, default_preset: str = "strong") -> 
                         "(sentence-transformers / transformers id or local directory, alias 'minilm'), or a "
                         "pretrained cross-encoder with --teacher-pretrained (default: minilm)")
     p.add_argument("--teacher-pretrained", action="store_true", help="--teacher is already a cross-encoder")
-    p.add_argument("--teacher-preset", choices=sorted(PRESETS), default=default_preset,
-                   help="teacher recipe: " + "; ".join(f"{k}: {v}" for k, v in PRESETS.items())
-                        + f" (default {default_preset})")
+    p.add_argument("--teacher-preset", default=default_preset,
+                   help="teacher recipe, one of " + "; ".join(f"{k}: {v}" for k, v in PRESETS.items())
+                        + f" (default {default_preset}); per task: 'stsb=strong,qqp=light' (unlisted tasks: "
+                        f"{default_preset})")
     p.add_argument("--teacher-folds", type=int, default=None, help="cross-fitting folds (overrides the preset)")
     p.add_argument("--teacher-epochs", type=int, default=None, help="most epochs per fold (overrides the preset)")
     p.add_argument("--teacher-lr", type=float, default=None, help="peak learning rate (default 5e-5)")
@@ -131,7 +132,21 @@ def _add_teacher(p: argparse.ArgumentParser, default_preset: str = "strong") -> 
     p.add_argument("--no-teacher", action="store_true", help="skip the teacher (no ce_margin target)")
 
 
-def teacher_config(args: argparse.Namespace):
+def preset_for(value: str, task: str, default: str = "strong") -> str:
+    """--teacher-preset value -> the preset of `task` ('light', or 'stsb=strong,qqp=light')."""
+    from embed_lib.teacher import PRESETS
+
+    if "=" not in value:
+        name = value
+    else:
+        pairs = dict(item.split("=", 1) for item in value.split(",") if item.strip())
+        name = pairs.get(task, default)
+    if name not in PRESETS:
+        raise ValueError(f"--teacher-preset {value!r}: unknown preset {name!r}. Valid presets: {sorted(PRESETS)}.")
+    return name
+
+
+def teacher_config(args: argparse.Namespace, task: str | None = None):
     from embed_lib.teacher import teacher_preset
 
     if args.no_teacher:
@@ -139,7 +154,8 @@ def teacher_config(args: argparse.Namespace):
     overrides = {k: v for k, v in (("folds", args.teacher_folds), ("epochs", args.teacher_epochs),
                                    ("lr", args.teacher_lr), ("max_length", args.teacher_max_length))
                  if v is not None}
-    return teacher_preset(args.teacher_preset, model=args.teacher, pretrained=args.teacher_pretrained, **overrides)
+    preset = preset_for(args.teacher_preset, task or getattr(args, "task", ""))
+    return teacher_preset(preset, model=args.teacher, pretrained=args.teacher_pretrained, **overrides)
 
 
 def teacher_progress(task: str):
@@ -243,7 +259,7 @@ def cmd_study(args: argparse.Namespace) -> int:
     sections, summary = [], {}
     for task in tasks:
         print(f"[{task}]", file=sys.stderr)
-        data, record = load_study(task, encoder_config(args), teacher_config(args), data_dir=args.data_dir,
+        data, record = load_study(task, encoder_config(args), teacher_config(args, task), data_dir=args.data_dir,
                                   cache_dir=args.cache_dir, limit=args.limit,
                                   transfer=default_transfer(task) if args.transfer else (),
                                   progress=teacher_progress(task))

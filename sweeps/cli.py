@@ -132,8 +132,11 @@ def _precompute_all(args, cache_dir: Path, limit: int | None, transfer: list[str
     if teacher is not None and args.smoke_test:
         teacher = dataclasses.replace(teacher, max_length=64, epochs=1, early_stopping_fraction=0.0)
     if teacher is not None:
-        print(f"teacher: {args.teacher} with the '{args.teacher_preset}' recipe ({teacher.folds} folds x <= "
-              f"{teacher.epochs} epochs){' (a lighter preset than the study' + chr(39) + 's strong one)' if args.teacher_preset == 'light' else ''}",
+        from embed_lib.teacher import preset_of
+
+        preset = preset_of(teacher)
+        note = " -- lighter than the study's 'strong' recipe, to fit a first run on 2 CPU cores" if preset == "light" else ""
+        print(f"teacher: {args.teacher}, '{preset}' recipe ({teacher.folds} folds x <= {teacher.epochs} epochs){note}",
               flush=True)
     studies, record = {}, None
     for tau in [float(t) for t in args.tau_attn_values.split(",")]:
@@ -153,7 +156,7 @@ def _log_sweep_inputs(args, name: str, fixed: dict[str, Any], studies: dict, rec
     mlflow.log_params({"search": args.search, "num_samples": args.num_samples, "seeds": args.seeds,
                        "max_concurrent": args.max_concurrent, "tau_attn_values": args.tau_attn_values,
                        "transfer": ",".join(transfer) or "none", "transfer_tolerance": args.transfer_tolerance,
-                       "teacher_preset": "none" if record is None else args.teacher_preset,
+                       "teacher_preset": "none" if record is None else record.get("preset", "custom"),
                        **{f"fixed.{k}": v for k, v in fixed.items()}})
     mlflow.set_tags({**git_info(), "command": " ".join(sys.argv), "sweep": name, "task": args.task})
     mlflow.log_dict({str(t): s.manifest for t, s in studies.items()}, "cache_manifest.json")
