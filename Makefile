@@ -15,7 +15,7 @@ TASK ?= stsb
 SWEEP_ARGS ?=
 MLFLOW_PORT ?= 5000
 
-.PHONY: venv run sweep smoke serve cluster-start cluster-stop mlflow-ui baseline study test bench chaos clean
+.PHONY: venv run sweep smoke serve cluster-start cluster-stop mlflow-ui baseline study retrieval test bench chaos clean
 
 venv: $(STAMP)
 $(STAMP): pyproject.toml
@@ -58,9 +58,16 @@ mlflow-ui: venv
 baseline: venv
 	$(BIN)/python -m embed_lib baseline --task $(TASK)
 
-## the reference comparison on all four tasks -> results/study_all.md
+## the reference comparison on all four tasks -> results/study_all.{md,json}. Teachers: the strong recipe on
+## STS-B; the light one elsewhere keeps the one-time teacher cost of the four tasks near an hour on 2 cores
+## (STUDY_TEACHER=strong for the strong recipe everywhere: about 3 hours more on 2 cores)
+STUDY_TEACHER ?= stsb=strong,qqp=light,mrpc=light,paws=light
 study: venv
-	$(BIN)/python -m embed_lib study --task all --out results/study_all.md
+	$(BIN)/python -m embed_lib study --task all --teacher-preset $(STUDY_TEACHER) --out results/study_all.md
+
+## the re-ranking check of the STS-B champion on QQP duplicates -> results/retrieval_qqp.{md,json}
+retrieval: venv
+	$(BIN)/python -m embed_lib retrieval --task qqp
 
 test: venv
 	$(BIN)/python -m pytest -q

@@ -253,9 +253,9 @@ def teacher_summary(record: dict) -> str:
 
 
 def cmd_study(args: argparse.Namespace) -> int:
-    from embed_lib.study import default_transfer, load_study, run_study, study_json, study_markdown
+    from embed_lib.study import STANDARD_ARMS, default_transfer, load_study, run_study, study_json, study_markdown
 
-    tasks = task_names() if args.task == "all" else [args.task]
+    tasks = task_names() if args.task == "all" else args.task.split(",")
     sections, summary = [], {}
     for task in tasks:
         print(f"[{task}]", file=sys.stderr)
@@ -266,7 +266,8 @@ def cmd_study(args: argparse.Namespace) -> int:
         if record is not None:
             print(teacher_summary(record), file=sys.stderr)
         gammas = [float(g) for g in args.gamma_grid.split(",")]
-        results = run_study(data, adapter_config(args, task), gammas=gammas,
+        arms = [(label, o) for label, o in STANDARD_ARMS if args.arms == "all" or o["adapter"].startswith(args.arms)]
+        results = run_study(data, adapter_config(args, task), arms=arms, gammas=gammas,
                             log=lambda m: print(m, file=sys.stderr))
         sections.append(study_markdown(task, data, results, record))
         summary[task] = study_json(data, results, record)
@@ -427,6 +428,8 @@ def build_parser() -> argparse.ArgumentParser:
     _add_common(p)
     _add_adapter(p)
     _add_teacher(p)
+    p.add_argument("--arms", choices=["all", "pair", "per_sentence"], default="all",
+                   help="the standard arms to run: all (default), or only the pair / per-sentence forms")
     p.add_argument("--gamma-grid", default="0.05,0.1,0.2",
                    help="gammas every arm with a gamma is trained at; each arm keeps its best on validation")
     p.add_argument("--transfer", action=argparse.BooleanOptionalAction, default=True,
@@ -464,10 +467,13 @@ def main(argv: Sequence[str] | None = None) -> int:
     logging.basicConfig(level=logging.WARNING, format="%(levelname)s %(name)s: %(message)s")
     parser = build_parser()
     args = parser.parse_args(argv)
-    if getattr(args, "task", None) not in (*task_names(), "all", None):
-        parser.error(f"--task {args.task!r} is unknown. Valid tasks: {task_names()} or 'all'.")
+    task = getattr(args, "task", None)
+    listed = task.split(",") if args.command == "study" and task else [task]
+    if task != "all" and any(t not in (*task_names(), None) for t in listed):
+        parser.error(f"--task {task!r} is unknown. Valid tasks: {task_names()} or 'all'"
+                     + (" (study: a comma list)." if args.command == "study" else "."))
     if hasattr(args, "out") and args.out is None:
-        args.out = f"results/{args.command}_{args.task}.md"
+        args.out = f"results/{args.command}_{args.task.replace(',', '_')}.md"
     try:
         return args.func(args)
     except (ValueError, TypeError, FileNotFoundError, KeyError, RuntimeError) as exc:

@@ -29,3 +29,20 @@ def test_unknown_task_is_a_usage_error(capsys):
         main(["baseline", "--task", "foo"])
     assert exc.value.code == 2
     assert "--task 'foo' is unknown. Valid tasks: ['mrpc', 'paws', 'qqp', 'stsb'] or 'all'" in capsys.readouterr().err
+
+
+def test_teacher_preset_flags_name_the_preset_and_the_fix():
+    from embed_lib.cli import build_parser, preset_for, teacher_config
+
+    assert preset_for("stsb=strong,qqp=light", "qqp") == "light"
+    assert preset_for("stsb=strong,qqp=light", "mrpc") == "strong"  # unlisted: the default
+    args = build_parser().parse_args(["train", "--task", "mrpc", "--teacher-preset", "light", "--teacher-folds", "4"])
+    cfg = teacher_config(args)
+    assert (cfg.folds, cfg.epochs, cfg.early_stopping_fraction) == (4, 1, 0.0)  # preset, then the override
+    with pytest.raises(ValueError, match=r"unknown preset 'huge'. Valid presets: \['light', 'strong'\]"):
+        preset_for("stsb=huge", "stsb")
+
+
+def test_retrieval_refuses_a_graded_task(stsb_embedded, capsys):
+    assert main(["retrieval", "--task", "stsb", "--train", "--adapter", "pair_ungated", "--target", "none"]) == 2
+    assert "graded; the retrieval check needs a binary duplicate task" in capsys.readouterr().err
