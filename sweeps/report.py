@@ -107,7 +107,7 @@ def _describe_version(task: str, version: str, result, tolerance: float, teacher
             "val_delta_mean": f"{s['delta_val_mean']:+.5f}", "val_delta_positive": f"{s['delta_val_positive']}/{s['n_seeds']}",
             **({"transfer_delta_min": f"{s['transfer_delta_min']:+.5f}"} if "transfer_delta_min" in s else {}),
             **{f"transfer_delta_min.{k}": f"{v:+.5f}" for k, v in transfer.items()}}
-    if teacher is not None:
+    if teacher is not None and result.config.target == "ce_margin":  # the teacher whose margin gates it
         tags["teacher"] = f"{teacher['config']['model']} ({teacher.get('preset', 'custom')}), key {teacher['key']}"
     client = mlflow.MlflowClient()
     for k, v in tags.items():
