@@ -7,14 +7,12 @@ from __future__ import annotations
 
 import os
 import signal
-import sys
 import tempfile
 import threading
 import time
 
-from _common import REPO, write_results
+from _common import write_results
 
-sys.path.insert(0, str(REPO))
 
 
 def _actors(name_part: str):

@@ -5,13 +5,11 @@ On a machine without a GPU it records that and measures the CPU side only.
 from __future__ import annotations
 
 import dataclasses
-import sys
 import time
 
 import torch
-from _common import REPO, write_results
+from _common import write_results
 
-sys.path.insert(0, str(REPO))
 
 
 def main() -> None:

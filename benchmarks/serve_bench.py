@@ -18,13 +18,11 @@ import json
 import multiprocessing as mp
 import os
 import statistics
-import sys
 import tempfile
 import time
 
-from _common import REPO, write_results
+from _common import write_results
 
-sys.path.insert(0, str(REPO))
 
 
 def _load(url: str, body_fn, concurrency: int, seconds: float, out: mp.Queue) -> None:

@@ -10,15 +10,13 @@ import time
 import torch
 from _common import REPO, write_results
 
-import sys
-sys.path.insert(0, str(REPO))
-import ray  # noqa: E402
-from ray import tune  # noqa: E402
+import ray
+from ray import tune
 
-from embed_lib.config import AdapterConfig  # noqa: E402
-from embed_lib.study import load_study  # noqa: E402
-from embed_lib.train import train_seed_group  # noqa: E402
-from sweeps.trainable import make_trainable  # noqa: E402
+from embed_lib.config import AdapterConfig
+from embed_lib.study import load_study
+from embed_lib.train import train_seed_group
+from sweeps.trainable import make_trainable
 
 
 def main() -> None:

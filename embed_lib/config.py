@@ -85,7 +85,6 @@ def default_data_dir() -> Path | None:
     return Path(value).absolute() if value else None
 
 
-ADAPTER_FORMS = ("baseline", "pair_ungated", "pair_gated", "per_sentence", "per_sentence_preserving")
 TARGETS = ("none", "surface", "lexical", "ce_margin")
 LOSSES = ("cosent", "logistic", "mse")
 
@@ -144,13 +143,13 @@ class AdapterConfig:
     seed0: int = 0
 
     def __post_init__(self) -> None:
-        from embed_lib.adapters import CONTROLS
+        from embed_lib.adapters import CONTROLS, FORMS  # the forms are defined once, with the models
         from embed_lib.tasks import task_names
 
         if self.task not in task_names():
             raise ValueError(f"Unknown task {self.task!r}. Valid tasks: {task_names()}.")
-        if self.adapter not in ADAPTER_FORMS:
-            raise ValueError(f"Unknown adapter {self.adapter!r}. Valid adapters: {list(ADAPTER_FORMS)}.")
+        if self.adapter not in FORMS:
+            raise ValueError(f"Unknown adapter {self.adapter!r}. Valid adapters: {list(FORMS)}.")
         if self.control not in CONTROLS[self.adapter]:
             raise ValueError(f"Control {self.control!r} does not apply to adapter {self.adapter!r}. "
                              f"Valid controls: {list(CONTROLS[self.adapter])}.")

@@ -18,11 +18,7 @@ penalty for transfer harm beyond the tolerance.
 """
 from __future__ import annotations
 
-import sys
-from pathlib import Path
-
-sys.path.insert(0, str(Path(__file__).resolve().parents[1]))  # the repo root: `python sweeps/x.py` puts sweeps/ first
-from sweeps.cli import suggest_nuisance, sweep_main  # noqa: E402
+from sweeps.cli import suggest_nuisance, sweep_main
 
 FIXED = {"loss": "cosent", "batch_size": 128, "control": "none", "hidden": 128, "alpha0": 0.5}
 SPACE_KEYS = ["adapter", "target", "gamma", "tau", "learn_p", "lambda_c", "lambda_mod", "lambda_delta",

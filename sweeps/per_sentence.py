@@ -13,11 +13,7 @@ The leaderboard shows whether any complexity-conditioned form beats its constant
 """
 from __future__ import annotations
 
-import sys
-from pathlib import Path
-
-sys.path.insert(0, str(Path(__file__).resolve().parents[1]))  # the repo root: `python sweeps/x.py` puts sweeps/ first
-from sweeps.cli import suggest_nuisance, sweep_main  # noqa: E402
+from sweeps.cli import suggest_nuisance, sweep_main
 
 FIXED = {"loss": "cosent", "batch_size": 128, "p": 1.0, "learn_p": False, "hidden": 128}
 SPACE_KEYS = ["adapter", "control", "target", "alpha0", "gamma", "tau", "lambda_c", "lambda_mod", "lr",
