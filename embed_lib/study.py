@@ -80,6 +80,8 @@ def load_study(task: str, encoder: EncoderConfig | None = None, teacher: Teacher
         splits = {k: v.subset(limit) for k, v in splits.items()}
     extra = transfer_splits(task, splits["train"], transfer, data_dir, limit)
     emb, _ = embed_splits({**splits, **extra}, lazy or LazyEncoder(encoder or EncoderConfig()), root)
+    if hasattr(lazy, "shutdown"):  # an encoder pool: release its workers before the teacher trains
+        lazy.shutdown()
     scores, record = (None, None)
     if teacher is not None:
         scores, record = teacher_scores(splits, teacher, root, progress=progress)

@@ -1,0 +1,75 @@
+"""The re-ranking check through the served API: the frozen cosine's top-k of a BEIR-Quora-style QQP set
+(embed_lib.retrieval) sent to `POST /v1/rerank` of a running service (`make serve`), ranked by the
+returned relevance scores; nDCG@10 / MRR@10 / Recall@100 beside the frozen cosine and beside the same
+adapter ensemble re-ranking in-process (they must agree: the service scores with that ensemble).
+
+    make serve && .venv/bin/python benchmarks/rerank_serve.py   # -> results/benchmarks/rerank_serve.json
+"""
+from __future__ import annotations
+
+import argparse
+import json
+import time
+import urllib.request
+
+import numpy as np
+import torch
+from _common import write_results
+
+from embed_lib import retrieval as R
+from embed_lib.config import EncoderConfig
+from embed_lib.registry import load_registered
+from embed_lib.study import LazyEncoder, embed_splits
+from embed_lib.tasks import load_splits
+from embed_lib.tracking import default_tracking_uri
+
+
+def rerank_http(url: str, query: str, documents: list[str]) -> list[int]:
+    body = json.dumps({"query": query, "documents": documents, "top_n": len(documents)}).encode()
+    req = urllib.request.Request(f"{url}/v1/rerank", body, {"content-type": "application/json"})
+    with urllib.request.urlopen(req, timeout=120) as resp:
+        return [r["index"] for r in json.load(resp)["results"]]
+
+
+def main() -> None:
+    p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    p.add_argument("--url", default="http://127.0.0.1:8000")
+    p.add_argument("--task", default="qqp")
+    p.add_argument("--split", default="test")
+    p.add_argument("--model-uri", default="models:/pair-residual-stsb@champion")
+    p.add_argument("--tracking-uri", default=None)
+    p.add_argument("--top-k", type=int, default=100)
+    p.add_argument("--queries", type=int, default=None, help="first N queries (default all)")
+    args = p.parse_args()
+
+    split = load_splits(args.task, (args.split,))[args.split]
+    rs = R.build_retrieval_set(split.sentence1, split.sentence2, split.label)
+    emb, _ = embed_splits({args.split: split}, LazyEncoder(EncoderConfig()))
+    row = {t: i for i, t in enumerate(emb.texts)}
+    V = np.ascontiguousarray(emb.vectors[[row[t] for t in rs.texts]])
+    queries, relevant = rs.queries[: args.queries], rs.relevant[: args.queries]
+    top = R.cosine_top_k(V, queries, args.top_k)
+    model, _, _ = load_registered(args.model_uri, args.tracking_uri or default_tracking_uri())
+    S = len(model.seeds)
+    with torch.no_grad():
+        Vt = torch.from_numpy(V)
+        q, k = top.shape
+        score = model(Vt[np.repeat(queries, k)].expand(S, -1, -1), Vt[top.reshape(-1)].expand(S, -1, -1)).score
+    in_process = np.take_along_axis(top, np.argsort(-score.mean(0).numpy().reshape(q, k), axis=1, kind="stable"), 1)
+    t0, served = time.perf_counter(), []
+    for qi, cand in zip(queries, top):
+        order = rerank_http(args.url, rs.texts[qi], [rs.texts[d] for d in cand])
+        served.append(cand[order])
+    seconds = time.perf_counter() - t0
+    base, local, http = (R.ranking_metrics(r, relevant) for r in (top, in_process, np.array(served)))
+    agree = float(np.mean([list(a[:10]) == list(b[:10]) for a, b in zip(in_process, served)]))
+    write_results("rerank_serve", {
+        "task": args.task, "split": args.split, "model_uri": args.model_uri, "queries": int(q), "top_k": int(k),
+        "frozen_cosine": base, "in_process_ensemble": local, "through_v1_rerank": http,
+        "delta_v1_rerank_vs_cosine": {m: http[m] - base[m] for m in base},
+        "top10_identical_to_in_process": agree, "seconds": round(seconds, 1),
+        "requests_per_s": round(q / seconds, 1)})
+
+
+if __name__ == "__main__":
+    main()
