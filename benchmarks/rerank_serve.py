@@ -13,13 +13,12 @@ import time
 import urllib.request
 
 import numpy as np
-import torch
 from _common import write_results
 
 from embed_lib import retrieval as R
 from embed_lib.config import EncoderConfig
 from embed_lib.registry import load_registered
-from embed_lib.study import LazyEncoder, embed_splits
+from embed_lib.study import LazyEncoder
 from embed_lib.tasks import load_splits
 from embed_lib.tracking import default_tracking_uri
 
@@ -43,19 +42,12 @@ def main() -> None:
     args = p.parse_args()
 
     split = load_splits(args.task, (args.split,))[args.split]
-    rs = R.build_retrieval_set(split.sentence1, split.sentence2, split.label)
-    emb, _ = embed_splits({args.split: split}, LazyEncoder(EncoderConfig()))
-    row = {t: i for i, t in enumerate(emb.texts)}
-    V = np.ascontiguousarray(emb.vectors[[row[t] for t in rs.texts]])
+    rs, V = R.embed_retrieval_set(split, LazyEncoder(EncoderConfig()))
     queries, relevant = rs.queries[: args.queries], rs.relevant[: args.queries]
     top = R.cosine_top_k(V, queries, args.top_k)
+    q, k = top.shape
     model, _, _ = load_registered(args.model_uri, args.tracking_uri or default_tracking_uri())
-    S = len(model.seeds)
-    with torch.no_grad():
-        Vt = torch.from_numpy(V)
-        q, k = top.shape
-        score = model(Vt[np.repeat(queries, k)].expand(S, -1, -1), Vt[top.reshape(-1)].expand(S, -1, -1)).score
-    in_process = np.take_along_axis(top, np.argsort(-score.mean(0).numpy().reshape(q, k), axis=1, kind="stable"), 1)
+    in_process = R.order_by(top, R.seed_scores(model, V, queries, top).mean(0))  # the served ensemble
     t0, served = time.perf_counter(), []
     for qi, cand in zip(queries, top):
         order = rerank_http(args.url, rs.texts[qi], [rs.texts[d] for d in cand])

@@ -206,11 +206,8 @@ class PairAdapter(nn.Module):
             return AdapterOutput(s0, s0)
         if ha is None or hb is None:
             B = xa.shape[1]
-            if self.novelty is not None and fam_a is not None and fam_b is not None:
-                h = self.norm(self.proj(torch.cat([xa, xb], dim=1)))  # familiarity given: skip its search
-            else:
-                h = self.working(torch.cat([xa, xb], dim=1))  # one projection for both sides: (S, 2B, width)
-            ha, hb = h[:, :B], h[:, B:]
+            h = self.norm(self.proj(torch.cat([xa, xb], dim=1)))  # one projection for both sides: (S, 2B, width)
+            ha, hb = h[:, :B], h[:, B:]  # familiarity, when not given, is searched below, in the pair branch
         ha, fam_a = self._split(ha, fam_a)
         hb, fam_b = self._split(hb, fam_b)
         if self.form.startswith("pair"):

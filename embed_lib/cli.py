@@ -130,6 +130,7 @@ def _add_teacher(p: argparse.ArgumentParser, default_preset: str = "strong") -> 
     p.add_argument("--teacher-lr", type=float, default=None, help="peak learning rate (default 5e-5)")
     p.add_argument("--teacher-max-length", type=int, default=None, help="tokens per pair (default 128)")
     p.add_argument("--no-teacher", action="store_true", help="skip the teacher (no ce_margin target)")
+    p.set_defaults(teacher_preset_default=default_preset)  # for tasks a per-task --teacher-preset leaves out
 
 
 def preset_for(value: str, task: str, default: str = "strong") -> str:
@@ -154,7 +155,8 @@ def teacher_config(args: argparse.Namespace, task: str | None = None):
     overrides = {k: v for k, v in (("folds", args.teacher_folds), ("epochs", args.teacher_epochs),
                                    ("lr", args.teacher_lr), ("max_length", args.teacher_max_length))
                  if v is not None}
-    preset = preset_for(args.teacher_preset, task or getattr(args, "task", ""))
+    preset = preset_for(args.teacher_preset, task or getattr(args, "task", ""),
+                        getattr(args, "teacher_preset_default", "strong"))
     return teacher_preset(preset, model=args.teacher, pretrained=args.teacher_pretrained, **overrides)
 
 
@@ -314,7 +316,6 @@ def _retrieval_models(args, data):
 
 def cmd_retrieval(args: argparse.Namespace) -> int:
     import numpy as np
-    import torch
 
     from embed_lib import retrieval as R
     from embed_lib.study import load_study
@@ -324,31 +325,14 @@ def cmd_retrieval(args: argparse.Namespace) -> int:
     data, _ = load_study(args.task, encoder_config(args), teacher, data_dir=args.data_dir, cache_dir=args.cache_dir,
                          progress=teacher_progress(args.task))
     split = load_splits(args.task, (args.split,), args.data_dir)[args.split]
-    if not split.binary:
-        raise ValueError(f"--task {args.task!r} is graded; the retrieval check needs a binary duplicate task (qqp, mrpc).")
-    rs = R.build_retrieval_set(split.sentence1, split.sentence2, split.label)
-    emb, _ = embed_splits({args.split: split}, LazyEncoder(encoder_config(args)), args.cache_dir)
-    row = {t: i for i, t in enumerate(emb.texts)}
-    V = torch.from_numpy(np.ascontiguousarray(emb.vectors[[row[t] for t in rs.texts]]))  # (n, d) corpus vectors
+    rs, V = R.embed_retrieval_set(split, LazyEncoder(encoder_config(args)), args.cache_dir)
     label, model = _retrieval_models(args, data)
-    S = len(model.seeds)
-
-    @torch.no_grad()
-    def all_seeds(qs: np.ndarray, ds: np.ndarray) -> np.ndarray:  # (S, n) scores of every seed
-        out = [model(V[qs[i: i + 8192]].expand(S, -1, -1), V[ds[i: i + 8192]].expand(S, -1, -1)).score
-               for i in range(0, len(qs), 8192)]
-        return torch.cat(out, 1).numpy()
-
-    top = R.cosine_top_k(V.numpy(), rs.queries, args.top_k)
+    top = R.cosine_top_k(V, rs.queries, args.top_k)
     base = R.ranking_metrics(top, rs.relevant)
     q, k = top.shape
-    scores = all_seeds(np.repeat(rs.queries, k), top.reshape(-1)).reshape(S, q, k)
-    per_seed = []
-    for s in range(S):
-        ranked = np.take_along_axis(top, np.argsort(-scores[s], axis=1, kind="stable"), 1)
-        per_seed.append(R.ranking_metrics(ranked, rs.relevant))
-    ens = R.ranking_metrics(np.take_along_axis(top, np.argsort(-scores.mean(0), axis=1, kind="stable"), 1),
-                            rs.relevant)
+    scores = R.seed_scores(model, V, rs.queries, top)  # (S, q, k)
+    per_seed = [R.ranking_metrics(R.order_by(top, s), rs.relevant) for s in scores]
+    ens = R.ranking_metrics(R.order_by(top, scores.mean(0)), rs.relevant)
     diffs = {m: np.array([p[m] - base[m] for p in per_seed]) for m in base}
     result = {"task": args.task, "split": args.split, "split_note": split.split_note, "model": label,
               "queries": int(q), "corpus": len(rs.texts), "top_k": int(k), "frozen_cosine": base,

@@ -71,10 +71,41 @@ def cosine_top_k(vectors: np.ndarray, queries: np.ndarray, k: int = 100) -> np.n
     return np.take_along_axis(top, order, 1)
 
 
+def order_by(candidates: np.ndarray, scores: np.ndarray) -> np.ndarray:
+    """(q, k) candidates re-ordered by their (q, k) scores, best first (ties keep the cosine's order)."""
+    return np.take_along_axis(candidates, np.argsort(-scores, axis=1, kind="stable"), 1)
+
+
 def rerank(candidates: np.ndarray, queries: np.ndarray,
            score_pairs: Callable[[np.ndarray, np.ndarray], np.ndarray]) -> np.ndarray:
     """(q, k) candidates re-ordered by score_pairs(query rows, doc rows) -> (n_pairs,) scores."""
     q, k = candidates.shape
-    scores = score_pairs(np.repeat(queries, k), candidates.reshape(-1)).reshape(q, k)
-    order = np.argsort(-scores, axis=1, kind="stable")
-    return np.take_along_axis(candidates, order, 1)
+    return order_by(candidates, score_pairs(np.repeat(queries, k), candidates.reshape(-1)).reshape(q, k))
+
+
+def embed_retrieval_set(split, lazy, cache_dir=None) -> tuple[RetrievalSet, np.ndarray]:
+    """The retrieval set of a binary PairData split and its corpus vectors (n, d), through the embedding
+    cache (`lazy` encodes what is missing, as in `study.embed_splits`)."""
+    from embed_lib.study import embed_splits
+
+    if not split.binary:
+        raise ValueError(f"Task {split.task!r} is graded; the retrieval check needs a binary duplicate task "
+                         "(qqp, mrpc).")
+    rs = build_retrieval_set(split.sentence1, split.sentence2, split.label)
+    emb, _ = embed_splits({split.split: split}, lazy, cache_dir)
+    row = {t: i for i, t in enumerate(emb.texts)}
+    return rs, np.ascontiguousarray(emb.vectors[[row[t] for t in rs.texts]])
+
+
+def seed_scores(model, vectors: np.ndarray, queries: np.ndarray, candidates: np.ndarray,
+                chunk: int = 8192) -> np.ndarray:
+    """(S, q, k) scores of every seed of a PairAdapter group for each query against its candidates."""
+    import torch
+
+    S, (q, k) = len(model.seeds), candidates.shape
+    V = torch.from_numpy(vectors)
+    qs, ds = np.repeat(queries, k), candidates.reshape(-1)
+    with torch.no_grad():
+        out = [model(V[qs[i: i + chunk]].expand(S, -1, -1), V[ds[i: i + chunk]].expand(S, -1, -1)).score
+               for i in range(0, len(qs), chunk)]
+    return torch.cat(out, 1).numpy().reshape(S, q, k)

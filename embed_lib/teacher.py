@@ -172,11 +172,12 @@ def _predict(ce, pairs: list[list[str]], cfg: TeacherConfig) -> np.ndarray:
 
 
 def _spearman(a: np.ndarray, b: np.ndarray) -> float:
-    from scipy import stats
+    """metrics.spearman, NaN where it is undefined (fewer than 3 pairs, a constant side)."""
+    from embed_lib.metrics import spearman
 
     if len(a) < 3 or np.std(a) == 0 or np.std(b) == 0:
         return float("nan")
-    return float(stats.spearmanr(a, b).statistic)
+    return spearman(a, b)
 
 
 def _fit(ce, pairs: list[list[str]], y: np.ndarray, cfg: TeacherConfig, seed: int,

@@ -222,8 +222,7 @@ def train_seed_group(cfg: AdapterConfig, data: StudyData,
     data = _on_device(data, dev)
     X, tr, va = data.X, data.splits["train"], data.splits["validation"]
     d = X.shape[1]
-    fam = None
-    gate = None
+    fam = gate = None
     if cfg.novelty_quantile > 0:
         gate = novelty_gate(data, cfg.novelty_quantile)
         fam = data.familiarity().to(dev)
@@ -309,14 +308,14 @@ def train_seed_group(cfg: AdapterConfig, data: StudyData,
         sp = data.splits[split]
         t_split = time.perf_counter()
         scores, aux = score_split(model, X, sp, fam)
-        if split in ("test", "validation"):  # the served ensemble's cost: every seed, cached vectors
+        if split == "validation":  # the served ensemble's cost: every seed, cached vectors
             pairs_per_s = len(sp.ia) / max(time.perf_counter() - t_split, 1e-9)
         splits_out[split] = (scores, aux)
         y = sp.y.cpu().numpy()
         if split.startswith(TRANSFER_PREFIX):  # another task: Spearman of the seed against the frozen cosine
             base = float(stats.spearmanr(sp.s0, y).statistic)
-            baseline[f"transfer/{split[len(TRANSFER_PREFIX):]}/spearman"] = base
             name = split[len(TRANSFER_PREFIX):]
+            baseline[f"transfer/{name}/spearman"] = base
             for k, v in enumerate(_spearman_rows(scores, y)):
                 per_seed[k][f"transfer/{name}/delta"] = float(v - base)
         elif split != "train":
@@ -341,12 +340,9 @@ def train_seed_group(cfg: AdapterConfig, data: StudyData,
                 r[f"{prefix}/gate_fit"] = _pearson(aux, target)
         if cfg.learn_p:
             r["p"] = float(model.p[k].item())
-    if cfg.novelty_quantile > 0:
-        summary_extra = {"novelty/lo": float(gate.bounds[0]), "novelty/hi": float(gate.bounds[1])}
-    else:
-        summary_extra = {}
     summary = summarize(per_seed)
-    summary.update(summary_extra)
+    if gate is not None:
+        summary.update({"novelty/lo": float(gate.bounds[0]), "novelty/hi": float(gate.bounds[1])})
     summary["pairs_per_s"] = float(pairs_per_s or 0.0)
     summary.update({f"ensemble/{k}": v for k, v in ensemble.items() if k.endswith(PRIMARY_METRIC)})
     return GroupResult(cfg, per_seed, baseline, history, summary,
