@@ -35,14 +35,8 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
-FORMS = ("baseline", "pair_ungated", "pair_gated", "per_sentence", "per_sentence_preserving")
-CONTROLS = {
-    "baseline": ("none",),
-    "pair_ungated": ("none",),
-    "pair_gated": ("none", "constant", "shuffled"),
-    "per_sentence": ("none", "h_only", "constant", "global", "shuffled"),
-    "per_sentence_preserving": ("none", "h_only", "constant", "global", "shuffled"),
-}
+from embed_lib.config import CONTROLS, FORMS
+
 
 
 class SeedLinear(nn.Module):
@@ -95,7 +89,7 @@ def sim_p(a: torch.Tensor, b: torch.Tensor, p: torch.Tensor | float) -> torch.Te
 class NoveltyGate(nn.Module):
     """Familiarity of a sentence, f(x) = max_r cos(x, r) over reference (training) sentence vectors, and the
     pair weight w = clip((min(f_a, f_b) - lo) / (hi - lo), 0, 1). No trainable parameters: lo and hi are
-    quantiles of the training sentences' leave-one-out familiarity (see `embed_lib.train`)."""
+    quantiles of the training sentences' leave-one-out familiarity (see `embed_lib.study_data`)."""
 
     def __init__(self, ref: torch.Tensor, lo: float, hi: float) -> None:
         super().__init__()
@@ -151,6 +145,8 @@ class PairAdapter(nn.Module):
         if novelty is not None and not form.startswith("pair"):
             raise ValueError(f"The novelty gate applies to the pair forms; form {form!r} has no residual to close.")
         self.novelty = novelty
+        #: random source of the shuffled-c control's permutation (set by the trainer, per epoch)
+        self.shuffle_generator: torch.Generator | None = None
         if form == "baseline":
             return
         if form.startswith("per_sentence"):
@@ -246,8 +242,8 @@ class PairAdapter(nn.Module):
 
     def _scaled(self, h: torch.Tensor, c: torch.Tensor) -> torch.Tensor:
         c_in = torch.zeros_like(c) if self.control == "h_only" else c
-        if self.control == "shuffled":
-            c_in = c_in[:, torch.randperm(c.shape[1], device=c.device)]
+        if self.control == "shuffled":  # the training loop owns the generator (None: torch's global one)
+            c_in = c_in[:, torch.randperm(c.shape[1], generator=self.shuffle_generator).to(c.device)]
         alpha = 1 + self.alpha0 * torch.tanh(self.scale(torch.cat([h, c_in], dim=-1)))  # (S, B, d)
         return alpha * h
 

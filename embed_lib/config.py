@@ -11,6 +11,8 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
+from embed_lib.tasks import task_names
+
 #: Alias -> sentence-transformers id. Aliases resolve to packaged weights when they are
 #: installed (offline), otherwise to the Hub id.
 ENCODER_ALIASES = {"minilm": "sentence-transformers/all-MiniLM-L6-v2"}
@@ -79,12 +81,15 @@ def default_cache_dir() -> Path:
     return Path(os.environ.get("EMBED_CACHE_DIR", Path.cwd() / ".cache" / "embed_lib")).absolute()
 
 
-def default_data_dir() -> Path | None:
-    """The local data mirror named by $EMBED_DATA_DIR, or None (then tasks load from the Hub)."""
-    value = os.environ.get("EMBED_DATA_DIR")
-    return Path(value).absolute() if value else None
-
-
+#: the adapter forms and, per form, the controls that apply to it (embed_lib.adapters builds them)
+FORMS = ("baseline", "pair_ungated", "pair_gated", "per_sentence", "per_sentence_preserving")
+CONTROLS = {
+    "baseline": ("none",),
+    "pair_ungated": ("none",),
+    "pair_gated": ("none", "constant", "shuffled"),
+    "per_sentence": ("none", "h_only", "constant", "global", "shuffled"),
+    "per_sentence_preserving": ("none", "h_only", "constant", "global", "shuffled"),
+}
 TARGETS = ("none", "surface", "lexical", "ce_margin")
 LOSSES = ("cosent", "logistic", "mse")
 
@@ -143,9 +148,6 @@ class AdapterConfig:
     seed0: int = 0
 
     def __post_init__(self) -> None:
-        from embed_lib.adapters import CONTROLS, FORMS  # the forms are defined once, with the models
-        from embed_lib.tasks import task_names
-
         if self.task not in task_names():
             raise ValueError(f"Unknown task {self.task!r}. Valid tasks: {task_names()}.")
         if self.adapter not in FORMS:

@@ -10,7 +10,8 @@ from pathlib import Path
 from typing import Any
 
 from embed_lib.export import load_adapter, save_adapter
-from embed_lib.train import GroupResult, StudyData
+from embed_lib.study_data import StudyData
+from embed_lib.train import GroupResult
 
 MODEL_FILE = Path(__file__).with_name("mlflow_model.py")
 PACKAGE_DIR = Path(__file__).parent

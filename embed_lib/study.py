@@ -17,7 +17,8 @@ from embed_lib.config import AdapterConfig, EncoderConfig, default_cache_dir
 from embed_lib.diagnostics import headroom
 from embed_lib.tasks import SPLITS, PairData, load_splits, task_names
 from embed_lib.teacher import TeacherConfig, quality_report, teacher_scores
-from embed_lib.train import TRANSFER_PREFIX, GroupResult, StudyData, prepare_study, train_seed_group
+from embed_lib.study_data import TRANSFER_PREFIX, StudyData, prepare_study
+from embed_lib.train import GroupResult, train_seed_group
 
 
 class LazyEncoder:

@@ -15,6 +15,7 @@ is made and described in `PairData.split_note`, which every result carries:
 from __future__ import annotations
 
 import hashlib
+import os
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Mapping, Sequence
@@ -22,12 +23,16 @@ from typing import Mapping, Sequence
 import numpy as np
 import pandas as pd
 
-from embed_lib.config import default_data_dir
-
 SPLITS = ("train", "validation", "test")
 #: fractions of a derived 3-way split; the seed is fixed so every run sees the same pairs.
 DERIVED_FRACTIONS = {"train": 0.70, "validation": 0.15, "test": 0.15}
 DERIVED_SEED = 0
+
+
+def default_data_dir() -> Path | None:
+    """The local data mirror named by $EMBED_DATA_DIR, or None (then tasks load from the Hub)."""
+    value = os.environ.get("EMBED_DATA_DIR")
+    return Path(value).absolute() if value else None
 
 
 @dataclass(frozen=True)

@@ -24,7 +24,6 @@ import dataclasses
 import hashlib
 import json
 import logging
-import math
 import time
 from dataclasses import dataclass
 from pathlib import Path
@@ -34,6 +33,7 @@ import numpy as np
 import torch
 
 from embed_lib.config import _check_int, _check_range, default_cache_dir
+from embed_lib import teacher_fit as F
 from embed_lib.encoders import resolve_model
 from embed_lib.tasks import PairData
 
@@ -130,120 +130,6 @@ def _load(cfg: TeacherConfig, device: str):
     return ce
 
 
-def length_batches(lengths: np.ndarray, batch_size: int, generator: np.random.Generator,
-                   bucket_batches: int = 50) -> list[np.ndarray]:
-    """Indices in batches of similar length: a random permutation cut into buckets of `bucket_batches`
-    batches, each bucket sorted by length and cut into batches, the batches shuffled. Every index once."""
-    n = len(lengths)
-    perm = generator.permutation(n)
-    span = batch_size * bucket_batches
-    batches = []
-    for s in range(0, n, span):
-        chunk = perm[s: s + span]
-        chunk = chunk[np.argsort(lengths[chunk], kind="stable")]
-        batches += [chunk[i: i + batch_size] for i in range(0, len(chunk), batch_size)]
-    order = generator.permutation(len(batches))
-    return [batches[i] for i in order]
-
-
-def _param_groups(model: torch.nn.Module, weight_decay: float) -> list[dict[str, Any]]:
-    """Weight decay on weight matrices only: decaying biases and norm gains pulls them to 0 for nothing."""
-    decay, no_decay = [], []
-    for name, p in model.named_parameters():
-        if not p.requires_grad:
-            continue
-        (no_decay if p.ndim < 2 or "norm" in name.lower() else decay).append(p)
-    return [{"params": decay, "weight_decay": weight_decay}, {"params": no_decay, "weight_decay": 0.0}]
-
-
-def _logits(ce, pairs: list[list[str]]) -> torch.Tensor:
-    features = ce.preprocess(pairs)
-    features = {k: v.to(ce.device) if isinstance(v, torch.Tensor) else v for k, v in features.items()}
-    return ce(features)["scores"].view(-1)
-
-
-def _predict(ce, pairs: list[list[str]], cfg: TeacherConfig) -> np.ndarray:
-    """Logits (n,), the mean over both orders when cfg.both_orders."""
-    kw = dict(batch_size=max(cfg.batch_size, 32), show_progress_bar=False, activation_fn=torch.nn.Identity())
-    out = np.asarray(ce.predict(pairs, **kw), dtype=np.float64).reshape(-1)
-    if cfg.both_orders:
-        out = (out + np.asarray(ce.predict([[b, a] for a, b in pairs], **kw), dtype=np.float64).reshape(-1)) / 2
-    return out.astype(np.float32)
-
-
-def _spearman(a: np.ndarray, b: np.ndarray) -> float:
-    """metrics.spearman, NaN where it is undefined (fewer than 3 pairs, a constant side)."""
-    from embed_lib.metrics import spearman
-
-    if len(a) < 3 or np.std(a) == 0 or np.std(b) == 0:
-        return float("nan")
-    return spearman(a, b)
-
-
-def _fit(ce, pairs: list[list[str]], y: np.ndarray, cfg: TeacherConfig, seed: int,
-         es_pairs: list[list[str]] | None = None, es_y: np.ndarray | None = None,
-         progress: Callable[[str], None] | None = None) -> list[dict[str, float]]:
-    """Fine-tune `ce` in place on (pairs, y); returns the per-epoch curve. With an early-stopping slice the
-    best epoch's weights are restored and training stops after `patience` epochs without improvement."""
-    g = np.random.default_rng(seed)
-    torch.manual_seed(seed)  # the fresh head was initialised before; dropout masks follow this seed
-    if cfg.both_orders:
-        pairs = pairs + [[b, a] for a, b in pairs]
-        y = np.concatenate([y, y])
-    lengths = np.array([len(a) + len(b) for a, b in pairs])
-    yt = torch.as_tensor(y, dtype=torch.float32)
-    model = ce.model
-    opt = torch.optim.AdamW(_param_groups(model, cfg.weight_decay), lr=cfg.lr)
-    steps_per_epoch = math.ceil(len(pairs) / cfg.batch_size)
-    total = steps_per_epoch * cfg.epochs
-    warm = max(1, int(cfg.warmup * total))
-    sched = torch.optim.lr_scheduler.LambdaLR(
-        opt, lambda s: (s + 1) / warm if s < warm else max(0.0, (total - s) / max(1, total - warm)))
-    loss_fn = torch.nn.BCEWithLogitsLoss()
-    curve: list[dict[str, float]] = []
-    best_score, best_state, since_best = -math.inf, None, 0
-    for epoch in range(1, cfg.epochs + 1):
-        model.train()
-        t0, loss_sum = time.perf_counter(), 0.0
-        batches = (length_batches(lengths, cfg.batch_size, g) if cfg.length_buckets
-                   else np.array_split(g.permutation(len(pairs)), steps_per_epoch))
-        for b, idx in enumerate(batches):
-            loss = loss_fn(_logits(ce, [pairs[j] for j in idx]), yt[idx].to(ce.device))
-            opt.zero_grad(set_to_none=True)
-            loss.backward()
-            torch.nn.utils.clip_grad_norm_(model.parameters(), cfg.grad_clip)
-            opt.step()
-            sched.step()
-            loss_sum += float(loss.detach()) * len(idx)
-            if progress is not None and (b + 1) % 100 == 0:
-                done = (b + 1) / len(batches)
-                el = time.perf_counter() - t0
-                progress(f"epoch {epoch}/{cfg.epochs}: {b + 1}/{len(batches)} batches, ETA {el / done - el:.0f}s")
-        model.eval()
-        seconds = time.perf_counter() - t0
-        point = {"epoch": epoch, "train_loss": loss_sum / len(pairs), "seconds": round(seconds, 1),
-                 "pairs_per_s": round(len(pairs) / seconds, 1)}
-        if es_pairs:
-            point["early_stopping_spearman"] = _spearman(_predict(ce, es_pairs, cfg), es_y)
-        curve.append(point)
-        if progress is not None:
-            progress(f"epoch {epoch}/{cfg.epochs} done in {seconds:.0f}s ({point['pairs_per_s']} pairs/s)"
-                     + (f", early-stopping Spearman {point['early_stopping_spearman']:.4f}" if es_pairs else ""))
-        if not es_pairs:
-            continue
-        if point["early_stopping_spearman"] > best_score:
-            best_score, since_best = point["early_stopping_spearman"], 0
-            best_state = {k: v.detach().clone() for k, v in model.state_dict().items()}
-        else:
-            since_best += 1
-            if since_best >= cfg.patience:
-                break
-    if best_state is not None:
-        model.load_state_dict(best_state)
-    model.eval()
-    return curve
-
-
 def teacher_key(cfg: TeacherConfig, splits: Mapping[str, PairData]) -> str:
     blob = json.dumps({"teacher": dataclasses.asdict(cfg), "version": 2,
                        "data": {k: v.fingerprint for k, v in sorted(splits.items())}}, sort_keys=True)
@@ -279,20 +165,20 @@ def _cross_fit(splits: Mapping[str, PairData], cfg: TeacherConfig, device: str, 
         perm = rng.permutation(fit_rows)
         es_rows, fit_rows = np.sort(perm[:n_es]), np.sort(perm[n_es:])
         say = lambda msg, k=k: progress(f"teacher fold {k + 1}/{cfg.folds}: {msg}")  # noqa: E731
-        curve = _fit(ce, _pairs(train, fit_rows), train.label[fit_rows], cfg, cfg.seed * 100 + k,
+        curve = F.fit(ce, _pairs(train, fit_rows), train.label[fit_rows], cfg, cfg.seed * 100 + k,
                      _pairs(train, es_rows) if n_es else None, train.label[es_rows] if n_es else None, say)
-        oof[held] = _predict(ce, _pairs(train, held), cfg)
+        oof[held] = F.predict(ce, _pairs(train, held), cfg)
         t_pred = time.perf_counter()
-        v = _predict(ce, _pairs(val), cfg)
+        v = F.predict(ce, _pairs(val), cfg)
         sums["validation"] += v
-        sums["test"] += _predict(ce, _pairs(test), cfg)
+        sums["test"] += F.predict(ce, _pairs(test), cfg)
         record["predict_seconds"] = record.get("predict_seconds", 0.0) + time.perf_counter() - t_pred
         record["folds"].append({
             "fold": k, "fit_pairs": len(fit_rows), "early_stopping_pairs": n_es, "held_out": len(held),
             "epochs_run": len(curve), "best_epoch": (max(curve, key=lambda c: c["early_stopping_spearman"])["epoch"]
                                                      if n_es else len(curve)),
-            "curve": curve, "held_out_spearman": _spearman(oof[held], train.label[held]),
-            "val_spearman": _spearman(v, val.label), "seconds": round(time.perf_counter() - t0, 1)})
+            "curve": curve, "held_out_spearman": F.spearman_or_nan(oof[held], train.label[held]),
+            "val_spearman": F.spearman_or_nan(v, val.label), "seconds": round(time.perf_counter() - t0, 1)})
         say(f"held-out Spearman {record['folds'][-1]['held_out_spearman']:.4f}, validation "
             f"{record['folds'][-1]['val_spearman']:.4f}, {record['folds'][-1]['seconds']:.0f}s")
     # pairs/s of the scoring ensemble as used for validation and test (K models, both orders each)
@@ -325,11 +211,11 @@ def teacher_scores(splits: Mapping[str, PairData], cfg: TeacherConfig | None = N
                               "folds": []}
     if cfg.pretrained:
         ce = _load(cfg, device)
-        scores = {name: _predict(ce, _pairs(d), cfg) for name, d in splits.items()}
+        scores = {name: F.predict(ce, _pairs(d), cfg) for name, d in splits.items()}
     else:
         scores = _cross_fit(splits, cfg, device, record, progress)
     for name, d in splits.items():
-        record[f"{name}_spearman"] = _spearman(scores[name], d.label)
+        record[f"{name}_spearman"] = F.spearman_or_nan(scores[name], d.label)
     record["seconds"] = round(time.perf_counter() - t0, 1)
     trained = sum(c["pairs_per_s"] * c["seconds"] for f in record["folds"] for c in f["curve"])
     train_s = sum(c["seconds"] for f in record["folds"] for c in f["curve"])
@@ -364,8 +250,8 @@ def rank_average(teacher: np.ndarray, s0: np.ndarray) -> np.ndarray:
 def quality_report(scores: Mapping[str, np.ndarray], s0: Mapping[str, np.ndarray],
                    y: Mapping[str, np.ndarray]) -> dict[str, dict[str, float]]:
     """Per split: the teacher's Spearman, the cosine's, their error correlation and the rank average's Spearman."""
-    return {split: {"teacher_spearman": _spearman(scores[split], y[split]),
-                    "cosine_spearman": _spearman(s0[split], y[split]),
+    return {split: {"teacher_spearman": F.spearman_or_nan(scores[split], y[split]),
+                    "cosine_spearman": F.spearman_or_nan(s0[split], y[split]),
                     "error_correlation": error_correlation(scores[split], s0[split], y[split]),
-                    "rank_average_spearman": _spearman(rank_average(scores[split], s0[split]), y[split])}
+                    "rank_average_spearman": F.spearman_or_nan(rank_average(scores[split], s0[split]), y[split])}
             for split in scores if split in s0 and split in y}

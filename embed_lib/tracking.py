@@ -12,7 +12,8 @@ from typing import Any
 
 import numpy as np
 
-from embed_lib.train import GroupResult, StudyData
+from embed_lib.study_data import StudyData
+from embed_lib.train import GroupResult
 
 REPO = Path(__file__).resolve().parents[1]
 

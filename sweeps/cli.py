@@ -11,7 +11,8 @@ from typing import Any
 import ray
 from ray import tune
 
-from embed_lib.cli import _add_teacher, teacher_config, teacher_progress
+from embed_lib.cli_args import (add_data_flags, add_encoder_flags, add_mlflow_flags, add_teacher_flags, encoder_config,
+                                teacher_config, teacher_progress, teacher_summary)
 from embed_lib.config import AdapterConfig
 from sweeps.mlflow_callback import MLflowTrialCallback, close_orphans
 from sweeps.report import finish_sweep
@@ -47,11 +48,11 @@ def add_sweep_args(p, *, default_samples: int) -> None:
     from embed_lib.tasks import task_names
 
     p.add_argument("--task", default="stsb", choices=task_names(), help="the task to sweep (default stsb)")
-    p.add_argument("--encoder", default="minilm", help="sentence-transformers id, local path or alias (default minilm)")
+    add_encoder_flags(p, tau_attn=False)
     p.add_argument("--tau-attn-values", default="1.0",
                    help="comma list of encoder attention temperatures offered to the search (each one is "
                         "precomputed; default 1.0)")
-    _add_teacher(p, default_preset="light")
+    add_teacher_flags(p, default_preset="light")
     p.add_argument("--transfer", default="others",
                    help="do-no-harm checks: comma list of tasks whose validation pairs (those sharing no sentence "
                         "with the sweep's train split) every trial is scored on; 'others' = every other task "
@@ -72,14 +73,12 @@ def add_sweep_args(p, *, default_samples: int) -> None:
     p.add_argument("--cpus-per-trial", type=float, default=1.0)
     p.add_argument("--gpus-per-trial", type=float, default=0.0, help="fractional GPUs per trial on GPU clusters")
     p.add_argument("--address", default=None, help="Ray address (default: $RAY_ADDRESS or a local Ray)")
-    p.add_argument("--tracking-uri", default=None, help="MLflow URI (default $MLFLOW_TRACKING_URI or sqlite ./mlflow.db)")
-    p.add_argument("--experiment", default=None, help="MLflow experiment (default sweep-<task>)")
+    add_mlflow_flags(p, "sweep-<task>", optional=False)
     p.add_argument("--storage-path", default=None,
                    help="Tune results (default $EMBED_STORAGE_DIR or ./.cache/ray_results, absolute)")
     p.add_argument("--name", default=None, help="sweep name (default <script>-<task>); --resume continues it")
     p.add_argument("--resume", action="store_true", help="continue an interrupted sweep of the same --name")
-    p.add_argument("--data-dir", default=None, help="data mirror (default $EMBED_DATA_DIR; unset: the Hub)")
-    p.add_argument("--cache-dir", default=None, help="embedding cache (default $EMBED_CACHE_DIR)")
+    add_data_flags(p)
     p.add_argument("--encode-workers", type=int, default=1,
                    help="Ray actors that encode sentences before the trials (one GPU each on GPU clusters)")
     p.add_argument("--epochs", type=int, default=None, help="fix the epochs instead of searching them")
@@ -125,9 +124,6 @@ def _open_parent_run(args, name: str, storage: Path):
 
 def _precompute_all(args, cache_dir: Path, limit: int | None, transfer: list[str]):
     """{tau_attn: StudyData} and the teacher record, each computed once before any trial."""
-    from embed_lib.cli import teacher_summary
-    from embed_lib.config import EncoderConfig
-
     teacher = teacher_config(args)
     if teacher is not None and args.smoke_test:
         teacher = dataclasses.replace(teacher, max_length=64, epochs=1, early_stopping_fraction=0.0)
@@ -140,7 +136,7 @@ def _precompute_all(args, cache_dir: Path, limit: int | None, transfer: list[str
               flush=True)
     studies, record = {}, None
     for tau in [float(t) for t in args.tau_attn_values.split(",")]:
-        studies[tau], record = precompute(args.task, EncoderConfig(model=args.encoder, tau_attn=tau), teacher,
+        studies[tau], record = precompute(args.task, encoder_config(args, tau_attn=tau), teacher,
                                           args.data_dir, str(cache_dir), limit, args.encode_workers,
                                           transfer=transfer, progress=teacher_progress(args.task))
     if record is not None:

@@ -5,7 +5,8 @@ import math
 import pytest
 import torch
 
-from embed_lib.adapters import CONTROLS, FORMS, PairAdapter, sim_p
+from embed_lib.adapters import PairAdapter, sim_p
+from embed_lib.config import CONTROLS, FORMS
 
 S, B, D = 3, 16, 24
 ALL = [(f, c) for f in FORMS for c in CONTROLS[f]]

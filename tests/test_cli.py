@@ -4,7 +4,8 @@ import json
 
 import pytest
 
-from embed_lib.cli import baseline_rows, main
+from embed_lib.cli import main
+from embed_lib.commands import baseline_rows
 
 
 def test_stsb_test_spearman_matches_the_published_figure(stsb_embedded):
@@ -32,7 +33,8 @@ def test_unknown_task_is_a_usage_error(capsys):
 
 
 def test_teacher_preset_flags_name_the_preset_and_the_fix():
-    from embed_lib.cli import build_parser, preset_for, teacher_config
+    from embed_lib.cli import build_parser
+    from embed_lib.cli_args import preset_for, teacher_config
 
     assert preset_for("stsb=strong,qqp=light", "qqp") == "light"
     assert preset_for("stsb=strong,qqp=light", "mrpc") == "strong"  # unlisted: the default

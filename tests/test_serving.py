@@ -47,7 +47,7 @@ def served(ray_cluster, stsb_embedded, tmp_path_factory):
     from ray import serve
 
     from embed_lib.cache import EmbeddedSplit, EmbeddedTask
-    from embed_lib.train import prepare_study
+    from embed_lib.study_data import prepare_study
     from serving.app import build_app
 
     keep = {"train": 300, "validation": 150, "test": 150}

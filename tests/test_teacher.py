@@ -5,6 +5,7 @@ import pytest
 import torch
 
 from embed_lib import teacher as T
+from embed_lib import teacher_fit as F
 from embed_lib.tasks import load_splits
 from embed_lib.teacher import TeacherConfig, teacher_key, teacher_scores
 
@@ -52,15 +53,15 @@ def test_no_train_pair_is_scored_by_a_model_that_trained_on_it(tiny_splits, tmp_
         ce.seen |= {tuple(p) for p in pairs} | {tuple(p) for p in (es_pairs or [])}
         return [{"epoch": 1, "train_loss": 0.0, "seconds": 1.0, "pairs_per_s": 1.0, "early_stopping_spearman": 0.0}]
 
-    real_predict = T._predict
+    real_predict = F.predict
 
     def spy_predict(ce, pairs, cfg):
         scored.append((ce, [tuple(p) for p in pairs]))
         return real_predict(ce, pairs, cfg)
 
     monkeypatch.setattr(T, "_load", fake_load)
-    monkeypatch.setattr(T, "_fit", fake_fit)
-    monkeypatch.setattr(T, "_predict", spy_predict)
+    monkeypatch.setattr(F, "fit", fake_fit)
+    monkeypatch.setattr(F, "predict", spy_predict)
     cfg = TeacherConfig(folds=3, epochs=1, batch_size=8, max_length=32, early_stopping_fraction=0.2)
     teacher_scores(tiny_splits, cfg, tmp_path)
     train = tiny_splits["train"]
@@ -79,17 +80,17 @@ def test_no_train_pair_is_scored_by_a_model_that_trained_on_it(tiny_splits, tmp_
 def test_both_orders_are_averaged():
     ce = _FakeCE()
     pairs = [["ab", "abcd"], ["abcde", "a"]]
-    one = T._predict(ce, pairs, TeacherConfig(both_orders=False))
-    both = T._predict(ce, pairs, TeacherConfig(both_orders=True))
+    one = F.predict(ce, pairs, TeacherConfig(both_orders=False))
+    both = F.predict(ce, pairs, TeacherConfig(both_orders=True))
     np.testing.assert_allclose(one, [2 - 8, 5 - 2])
     np.testing.assert_allclose(both, [((2 - 8) + (4 - 4)) / 2, ((5 - 2) + (1 - 10)) / 2])
-    np.testing.assert_allclose(T._predict(ce, [[b, a] for a, b in pairs], TeacherConfig()), both)
+    np.testing.assert_allclose(F.predict(ce, [[b, a] for a, b in pairs], TeacherConfig()), both)
 
 
 def test_length_batches_cover_every_index_once_and_group_lengths():
     rng = np.random.default_rng(0)
     lengths = rng.integers(5, 200, size=1000)
-    batches = T.length_batches(lengths, 16, np.random.default_rng(1), bucket_batches=50)
+    batches = F.length_batches(lengths, 16, np.random.default_rng(1), bucket_batches=50)
     flat = np.concatenate(batches)
     assert sorted(flat.tolist()) == list(range(1000))
     spread = np.mean([np.ptp(lengths[b]) for b in batches])
@@ -107,15 +108,15 @@ def test_bucketed_batch_loss_equals_unbucketed(tiny_splits):
     pairs, y = T._pairs(train, np.arange(8)), torch.as_tensor(train.label[:8], dtype=torch.float32)
     loss = torch.nn.BCEWithLogitsLoss(reduction="sum")
     with torch.no_grad():
-        whole = loss(T._logits(ce, pairs), y) / 8
+        whole = loss(F.logits(ce, pairs), y) / 8
         order = np.argsort([len(a) + len(b) for a, b in pairs])
-        parts = sum(loss(T._logits(ce, [pairs[i] for i in idx]), y[idx]) for idx in (order[:4], order[4:])) / 8
+        parts = sum(loss(F.logits(ce, [pairs[i] for i in idx]), y[idx]) for idx in (order[:4], order[4:])) / 8
     assert float(whole) == pytest.approx(float(parts), abs=1e-5)
 
 
 def test_no_weight_decay_on_biases_and_norms():
     model = torch.nn.Sequential(torch.nn.Linear(4, 4), torch.nn.LayerNorm(4))
-    decay, no_decay = T._param_groups(model, 0.01)
+    decay, no_decay = F.param_groups(model, 0.01)
     assert decay["weight_decay"] == 0.01 and [p.shape for p in decay["params"]] == [torch.Size([4, 4])]
     assert no_decay["weight_decay"] == 0.0 and len(no_decay["params"]) == 3
 

@@ -6,7 +6,8 @@ import numpy as np
 import pytest
 
 from embed_lib.config import AdapterConfig
-from embed_lib.train import prepare_study, train_seed_group
+from embed_lib.study_data import prepare_study
+from embed_lib.train import train_seed_group
 
 
 @pytest.fixture(scope="module")
@@ -140,7 +141,7 @@ def _toy_study(seed: int = 0, m: int = 400, d: int = 16, n: int = 1200):
     anchor) ranks pairs only partly right and a pair residual has something known to learn."""
     import torch
 
-    from embed_lib.train import SplitTensors, StudyData
+    from embed_lib.study_data import SplitTensors, StudyData
 
     g = torch.Generator().manual_seed(seed)
     X = torch.randn(m, d, generator=g)
@@ -165,7 +166,7 @@ def test_training_moves_validation_spearman_on_a_task_with_a_known_answer():
 
 def _with_transfer(data, other):
     """`data` plus the test split of `other` as a transfer split (a stand-in for another task)."""
-    from embed_lib.train import StudyData
+    from embed_lib.study_data import StudyData
 
     return StudyData(data.task, data.binary, data.X, {**data.splits, "transfer:other": other}, data.sentence_target,
                      data.manifest, data.split_notes)
@@ -206,7 +207,8 @@ def test_novelty_gate_leaves_unfamiliar_pairs_at_the_frozen_cosine(small):
     """Familiarity is leave-one-out for training sentences; a pair whose sentence is less familiar than the
     gate's lower bound scores exactly s0."""
     from embed_lib.adapters import PairAdapter
-    from embed_lib.train import novelty_gate, score_split
+    from embed_lib.study_data import novelty_gate
+    from embed_lib.train import score_split
 
     r = train_seed_group(_cfg(novelty_quantile=0.5), small)
     gate = novelty_gate(small, 0.5)
