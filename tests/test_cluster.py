@@ -73,7 +73,7 @@ def test_rayservice_is_generated_from_serving_config():
 
 
 def test_serving_config_is_valid_for_the_app_builder():
-    from serving.app import AppArgs
+    from serving.args import AppArgs
 
     (app,) = yaml.safe_load((ROOT / "serving" / "config.yaml").read_text())["applications"]
     assert app["import_path"] == "serving.app:build_app"

@@ -1,5 +1,5 @@
-"""The serving ingress's caches, without Ray: LRU bounds, projection cache, warming the near cache from the
-encoder after a cold start."""
+"""The serving layer without Ray: the PairScorer and its caches, the edge checks on texts, the error contract,
+encode-failure isolation, admission control and warm jobs."""
 from __future__ import annotations
 
 import asyncio
@@ -14,7 +14,7 @@ def _ingress(**args):
 
     cls = Ingress.func_or_class.__mro__[1]
     assert cls.__name__ == "Ingress" and "ASGI" not in cls.__init__.__qualname__
-    return cls(_FakeEncoder(), None, args, None)
+    return cls(_FakeEncoder(), None, None, args, None)
 
 
 class _FakeEncoder:
@@ -34,8 +34,20 @@ class _FakeEncoder:
         self.embed = _Embed()
 
 
+def _model(form="pair_gated", dim=8, seeds=(0, 1)):
+    import torch
+
+    from embed_lib.adapters import PairAdapter
+
+    model = PairAdapter(form, dim, list(seeds)).eval()
+    with torch.no_grad():
+        for p in model.parameters():
+            p.add_(torch.randn(p.shape, generator=torch.Generator().manual_seed(3)) * 0.3)
+    return model
+
+
 def test_lru_is_bounded_and_counts_hits_and_misses():
-    from serving.app import LRU
+    from serving.scorer import LRU
 
     cache = LRU(2)
     for t in ("a", "b", "c"):
@@ -52,28 +64,237 @@ def test_lru_is_bounded_and_counts_hits_and_misses():
 
 
 def test_projection_cache_reuses_projections_and_matches_the_plain_path():
-    import torch
-
-    from embed_lib.adapters import PairAdapter
     from embed_lib.export import ensemble_scores
-    from serving.app import LRU, Ingress
+    from serving.scorer import LRU, projections
 
-    model = PairAdapter("pair_gated", 8, [0, 1]).eval()
-    with torch.no_grad():
-        for p in model.parameters():
-            p.add_(torch.randn(p.shape, generator=torch.Generator().manual_seed(3)) * 0.3)
+    model = _model()
     texts = [f"t{i}" for i in range(6)]
     vectors = np.random.default_rng(0).standard_normal((6, 8)).astype(np.float32)
     cache = LRU(100)
     ia, ib = [0, 1, 2], [3, 4, 5]
     plain = ensemble_scores(model, vectors[ia], vectors[ib])["score"]
     for expected_misses in (6, 6):  # the second request computes nothing new
-        h = Ingress.func_or_class._projections(model, cache, texts, vectors)
+        h = projections(model, cache, texts, vectors)
         assert h.shape == (2, 6, model.norm.weight.shape[-1])
         assert cache.stats()["misses"] == expected_misses
         np.testing.assert_allclose(ensemble_scores(model, vectors[ia], vectors[ib], h[:, ia], h[:, ib])["score"],
                                    plain, rtol=0, atol=1e-6)
     assert cache.stats()["hits"] == 6
+
+
+def test_pair_scorer_scores_like_the_library_fetches_once_and_forgets_projections_on_a_swap():
+    from embed_lib.export import ensemble_scores
+    from serving.scorer import PairScorer
+
+    rng = np.random.default_rng(1)
+    table = {f"s{i}": rng.standard_normal(8).astype(np.float32) for i in range(5)}
+    asked: list[list[str]] = []
+
+    async def source(texts):
+        asked.append(list(texts))
+        return np.stack([table[t] for t in texts])
+
+    model = _model()
+    scorer = PairScorer(model, {"name": "m"}, cache_size=100, projection_cache_size=100)
+    pairs = [("s0", "s1"), ("s2", "s0"), ("s3", "s4")]
+    got = asyncio.run(scorer.score(pairs, source))
+    expected = ensemble_scores(model, np.stack([table[a] for a, _ in pairs]), np.stack([table[b] for _, b in pairs]))
+    np.testing.assert_allclose(got["score"], expected["score"], atol=1e-6)
+    np.testing.assert_allclose(got["baseline"], expected["baseline"], atol=1e-6)
+    assert asked == [["s0", "s1", "s2", "s3", "s4"]]  # each distinct text once
+    asyncio.run(scorer.score(pairs[::-1], source))
+    assert len(asked) == 1 and scorer.stats()["projection_cache"]["hits"] == 5  # nothing fetched or projected again
+    other = _model(seeds=(5, 6))
+    scorer.set_model(other, {"name": "m2"})
+    swapped = asyncio.run(scorer.score(pairs, source))
+    np.testing.assert_allclose(swapped["score"], ensemble_scores(other, np.stack([table[a] for a, _ in pairs]),
+                                                                 np.stack([table[b] for _, b in pairs]))["score"],
+                               atol=1e-6)
+
+
+def test_scores_and_baselines_never_leave_the_unit_interval():
+    """Identical sentences: the float32 cosine can land a hair above 1; the service answers within [-1, 1]."""
+    from serving.scorer import PairScorer
+
+    v = np.full(384, 0.1, np.float32)
+    v[::7] = 0.3337
+
+    async def source(texts):
+        return np.stack([v for _ in texts])
+
+    for form in ("baseline", "pair_ungated"):
+        out = asyncio.run(PairScorer(_model(form, 384)).score([("a", "b")] * 3, source))
+        assert np.all(np.abs(out["score"]) <= 1.0) and np.all(np.abs(out["baseline"]) <= 1.0)
+
+
+@pytest.mark.parametrize("text,rule", [
+    ("bad \ud800 surrogate", "unpaired UTF-16 surrogate (U+D800) at character 4"),
+    ("\udfff", "unpaired UTF-16 surrogate (U+DFFF) at character 0"),
+    ("nul\x00inside", "control character U+0000 at character 3"),
+    ("bell\x07", "control character U+0007"),
+    ("\u200b\u200b\ufeff", "no visible character"),
+    ("\x00\x00", "control character U+0000"),
+    ("   \t\n", "no visible character"),
+    ("", "no visible character"),
+    ("x" * 21, "has 21 characters; the limit is 20"),
+])
+def test_edge_checks_name_the_rule(text, rule):
+    from serving.schemas import text_problem
+
+    assert rule in text_problem(text, 20)
+
+
+@pytest.mark.parametrize("text", ["plain", "tab\tand\nnewline", "café ☕", "日本語のテキスト", "emoji 👍🏽", "a\u200bb"])
+def test_edge_checks_accept_ordinary_text(text):
+    from serving.schemas import text_problem
+
+    assert text_problem(text, 100) is None
+
+
+def test_score_request_names_the_field_and_index():
+    from serving.errors import ApiError
+    from serving.schemas import ScoreRequest
+
+    with pytest.raises(ApiError) as e:
+        ScoreRequest(pairs=[["ok", "fine"], ["ok", "bad \ud800"]]).resolved_pairs(8, 100)
+    assert e.value.status == 422 and e.value.field == "pairs[1][1]" and "surrogate" in e.value.message
+    with pytest.raises(ApiError) as e:
+        ScoreRequest(text_1=["a", "\u200b"], text_2=["b", "c"]).resolved_pairs(8, 100)
+    assert e.value.field == "text_1[1]"
+
+
+def test_one_error_shape_for_every_failure():
+    """Through the FastAPI app (no Serve): validation, parse failures, unknown routes and methods, and an
+    unexpected exception all answer {"error": {"type", "message", "field"?}}."""
+    from fastapi import FastAPI
+    from fastapi.testclient import TestClient
+
+    from serving import errors
+    from serving.schemas import ScoreRequest
+
+    app = FastAPI()
+    errors.install(app)
+
+    async def score(body):
+        return {"pairs": body.resolved_pairs(4, 50)}
+
+    score.__annotations__ = {"body": ScoreRequest}  # a real class: this module's annotations are strings
+    app.post("/score")(score)
+
+    @app.get("/boom")
+    async def boom():
+        raise RuntimeError("secret detail")
+
+    client = TestClient(app, raise_server_exceptions=False)
+    cases = [
+        (client.post("/score", json={"pairs": [["a", "\x00"]]}), 422, "pairs[0][1]"),
+        (client.post("/score", json={"pairs": [["a", 3]]}), 422, "pairs[0][1]"),
+        (client.post("/score", json={"pairs": [["a", "b"]], "cascade": "yes"}), 422, "cascade"),
+        (client.post("/score", content=b"{not json", headers={"content-type": "application/json"}), 400, "body"),
+        (client.post("/score", content="{\"pairs\": [[\"\xe9\", \"b\"]]}".encode("latin-1"),
+                     headers={"content-type": "application/json"}), 400, None),
+        (client.post("/score", content=b"[" * 100_000 + b"]" * 100_000,
+                     headers={"content-type": "application/json"}), 400, None),
+        (client.get("/nowhere"), 404, None),
+        (client.get("/score"), 405, None),
+        (client.get("/boom"), 500, None),
+    ]
+    for r, status, field in cases:
+        assert r.status_code == status, (r.status_code, r.text)
+        body = r.json()
+        assert set(body) == {"error"} and {"type", "message"} <= set(body["error"]), body
+        assert body["error"].get("field") == field, body
+    assert "secret detail" not in cases[-1][0].text
+
+
+def test_encode_failures_stay_with_the_text_that_caused_them():
+    from serving.deployments import encode_isolated
+
+    def encode(texts):
+        if any("poison" in t for t in texts):
+            raise TypeError("tokenizer cannot take this")
+        return np.stack([np.full(2, len(t), np.float32) for t in texts])
+
+    out = encode_isolated(encode, ["good one", "poison", "good two"])
+    assert out[0][0] == 8 and out[2][0] == 8 and isinstance(out[1], TypeError)
+    assert all(isinstance(v, np.ndarray) for v in encode_isolated(encode, ["fine", "also fine"]))
+
+
+def test_admission_control_rejects_beyond_max_inflight_and_recovers():
+    """Deterministic: with max_inflight requests held open, the next is a 503 with Retry-After; once they
+    finish, requests are admitted again."""
+    from serving.errors import ApiError
+
+    ingress = _ingress(max_inflight=2)
+
+    async def scenario():
+        gate = asyncio.Event()
+
+        async def held():
+            await gate.wait()
+            return "done"
+
+        running = [asyncio.create_task(ingress._guarded(held())) for _ in range(2)]
+        await asyncio.sleep(0)
+        assert ingress.inflight == 2
+        with pytest.raises(ApiError) as e:
+            await ingress._guarded(held())
+        assert e.value.status == 503 and e.value.headers == {"Retry-After": "1"}
+        gate.set()
+        assert await asyncio.gather(*running) == ["done", "done"]
+        assert ingress.inflight == 0 and await ingress._guarded(held()) == "done"
+
+    asyncio.run(scenario())
+
+
+def test_the_request_timeout_is_a_504():
+    from serving.errors import ApiError
+
+    ingress = _ingress(request_timeout_s=0.05)
+    with pytest.raises(ApiError) as e:
+        asyncio.run(ingress._guarded(asyncio.sleep(5)))
+    assert e.value.status == 504 and ingress.inflight == 0
+
+
+def test_warm_jobs_report_progress_finish_and_cancel():
+    from serving.deployments import WarmJobs
+
+    jobs = WarmJobs.func_or_class.__new__(WarmJobs.func_or_class)
+    release = asyncio.Event()
+
+    class _Warm:
+        def __init__(self):
+            self.seen = []
+
+        def remote(self, texts):
+            self.seen.append(list(texts))
+
+            async def result():
+                if len(self.seen) > 1:
+                    await release.wait()
+                return len(texts)
+            return result()
+
+    class _Encoder:
+        warm = _Warm()
+
+    async def scenario():
+        WarmJobs.func_or_class.__init__(jobs, _Encoder(), max_running=1, chunk=2)
+        job = await jobs.submit(["a", "b", "c", "d", "a"])
+        assert job["state"] == "running" and job["total"] == 4
+        assert await jobs.submit(["x"]) is None  # one running job at a time
+        await asyncio.sleep(0.01)
+        mid = jobs.status(job["id"])
+        assert mid["done"] == 2 and mid["state"] == "running"
+        cancelled = await jobs.cancel(job["id"])
+        assert cancelled["state"] == "cancelled" and cancelled["done"] == 2
+        release.set()
+        second = await jobs.submit(["e", "f"])
+        await asyncio.sleep(0.01)
+        assert jobs.status(second["id"]) == {**second, "state": "succeeded", "done": 2, "added": 2}
+        assert jobs.status("nope") is None and await jobs.cancel("nope") is None
+
+    asyncio.run(scenario())
 
 
 def test_a_cold_start_warms_the_near_cache_from_the_encoder(tmp_path, encoder):
@@ -83,7 +304,7 @@ def test_a_cold_start_warms_the_near_cache_from_the_encoder(tmp_path, encoder):
     ingress = _ingress(warm_corpus=str(corpus))
     ingress.manifest = encoder.manifest()
     ingress._warm_near(str(corpus))  # not in the embedding cache: nothing read, the corpus kept for later
-    assert ingress.near.stats()["size"] == 0 and ingress._pending_warm == texts
+    assert ingress.scorer.near.stats()["size"] == 0 and ingress._pending_warm == texts
 
     async def health_check_then_wait():
         await ingress.check_health()
@@ -92,7 +313,7 @@ def test_a_cold_start_warms_the_near_cache_from_the_encoder(tmp_path, encoder):
 
     asyncio.run(health_check_then_wait())
     assert ingress.encoder.calls == [texts]
-    found, missing = ingress.near.get_many(texts)
+    found, missing = ingress.scorer.near.get_many(texts)
     assert not missing and found[texts[0]][0] == len(texts[0])
 
 
@@ -100,7 +321,7 @@ def test_a_cold_start_warms_the_near_cache_from_the_encoder(tmp_path, encoder):
 def test_app_args_reject_bad_cache_sizes(bad):
     from pydantic import ValidationError
 
-    from serving.app import AppArgs
+    from serving.args import AppArgs
 
     with pytest.raises(ValidationError, match=next(iter(bad))):
         AppArgs.model_validate(bad)

@@ -1,0 +1,40 @@
+"""Typed arguments of the serving application (`serve run ... key=value`, or `args:` in config.yaml)."""
+from __future__ import annotations
+
+from pydantic import BaseModel, Field
+
+
+class Replicas(BaseModel):
+    min: int = Field(1, ge=0)
+    max: int = Field(2, ge=1)
+    num_cpus: float = Field(0.25, gt=0, description="fractional CPUs per replica: replicas that each ask for a "
+                            "whole CPU cannot all be placed on a small node, and Serve waits for them")
+
+
+class AppArgs(BaseModel):
+    """Typed arguments of the application builder (`serve run ... key=value`, or `args:` in config.yaml)."""
+
+    model_uri: str = "models:/pair-residual-stsb@champion"
+    tracking_uri: str | None = Field(None, description="MLflow tracking URI (default $MLFLOW_TRACKING_URI)")
+    max_pairs: int = Field(256, ge=1, description="pairs per /v1/score request")
+    max_documents: int = Field(1000, ge=1, description="documents per /v1/rerank request")
+    max_text_chars: int = Field(2000, ge=1, description="characters per text")
+    max_warm_sync: int = Field(1000, ge=1, description="texts per synchronous /v1/warm request (more: 413; use "
+                               "/v1/warm/jobs). Keep it to what the encoder embeds within request_timeout_s")
+    max_warm_job: int = Field(100_000, ge=1, description="texts per background warm job")
+    max_batch_size: int = Field(64, ge=1, description="sentences per encoder forward pass (@serve.batch)")
+    batch_wait_timeout_s: float = Field(0.005, ge=0)
+    cache_size: int = Field(200_000, ge=0, description="sentence vectors kept per encoder replica (LRU) and per "
+                            "ingress replica (near cache)")
+    projection_cache_size: int = Field(50_000, ge=0, description="sentences whose adapter projection (seeds x width "
+                                       "floats each) each ingress replica keeps (LRU, emptied when the model changes)")
+    warm_corpus: str | None = Field(None, description="pre-embed at startup: 'task:<name>' (from the embedding "
+                                    "cache embed_lib built) or a text file, one sentence per line")
+    max_inflight: int = Field(64, ge=1, description="requests in flight per ingress replica before 503")
+    access_log: bool = Field(False, description="per-request access logs in the replicas (each costs CPU on "
+                             "every request; errors are logged either way)")
+    request_timeout_s: float = Field(30.0, gt=0)
+    cross_encoder: str | None = Field(None, description="cross-encoder id/path for the cascade and comparison")
+    cascade_threshold: float = Field(0.5, ge=0, le=1)
+    encoder: Replicas = Replicas(min=1, max=2, num_cpus=0.5)
+    ingress: Replicas = Replicas(min=1, max=2, num_cpus=0.5)

@@ -1,0 +1,210 @@
+"""The service's back-end deployments: the frozen encoder, the optional cross-encoder, background warm jobs.
+
+- `Encoder`: the frozen encoder of the model's manifest, `@serve.batch`ed across requests, with a bounded
+  LRU of sentence vectors. A batch that fails is retried text by text, so a text the encoder cannot take
+  fails only the request that sent it, never the other requests batched with it.
+- `CrossEncoderScorer`: a cross-encoder for `scorer="cross_encoder"` and the cascade.
+- `WarmJobs` (one replica: it owns the job table): pre-embeds a large corpus in chunks, in the
+  background, with progress, a bound on its size and cancellation.
+"""
+from __future__ import annotations
+
+import asyncio
+import logging
+import time
+import uuid
+from typing import Any, Callable
+
+import numpy as np
+from ray import serve
+
+from serving.scorer import LRU
+
+log = logging.getLogger("ray.serve")
+
+
+def set_threads(num_cpus: float) -> None:
+    import torch
+
+    torch.set_num_threads(max(1, int(num_cpus)))
+
+
+def corpus_texts(corpus: str) -> list[str]:
+    """'task:<name>' -> the task's distinct sentences; otherwise a text file, one sentence per line."""
+    if corpus.startswith("task:"):
+        from embed_lib.tasks import SPLITS, distinct_texts, load_splits
+
+        return distinct_texts(load_splits(corpus[5:], SPLITS))
+    with open(corpus, encoding="utf-8") as fh:
+        return list(dict.fromkeys(line.rstrip("\n") for line in fh if line.strip()))
+
+
+def encode_isolated(encode: Callable[[list[str]], np.ndarray], texts: list[str]) -> list[np.ndarray | Exception]:
+    """One vector per text; when the batch fails, each text alone, and the exception in place of the texts
+    that fail by themselves."""
+    try:
+        return list(encode(texts))
+    except Exception:
+        if len(texts) == 1:
+            raise
+    out: list[np.ndarray | Exception] = []
+    for t in texts:
+        try:
+            out.append(encode([t])[0])
+        except Exception as exc:  # noqa: BLE001 -- handed to the request that sent this text
+            out.append(exc)
+    return out
+
+
+class EncodeError(ValueError):
+    """A text the encoder could not take (the edge checks let it through)."""
+
+
+@serve.deployment
+class Encoder:
+    """Frozen encoder of the model's manifest, with a bounded LRU of sentence vectors."""
+
+    def __init__(self, manifest: dict[str, Any], cache_size: int, max_batch_size: int, batch_wait_timeout_s: float,
+                 warm_corpus: str | None, num_cpus: float) -> None:
+        from embed_lib.cache import manifest_mismatch
+        from embed_lib.config import EncoderConfig
+        from embed_lib.encoders import FrozenEncoder
+
+        set_threads(num_cpus)
+        self.encoder = FrozenEncoder(EncoderConfig.from_manifest(manifest, batch_size=max_batch_size))
+        diff = manifest_mismatch(manifest, self.encoder.manifest())
+        if diff:
+            raise RuntimeError(f"Refusing to start: the serving encoder differs from the model's "
+                               f"(field: (trained, serving) = {diff}).")
+        self.manifest = manifest
+        self.cache = LRU(cache_size)
+        self._encode_batch.set_max_batch_size(max_batch_size)
+        self._encode_batch.set_batch_wait_timeout_s(batch_wait_timeout_s)
+        if warm_corpus:
+            self._warm_from(warm_corpus)
+
+    def _warm_from(self, corpus: str) -> int:
+        from embed_lib.cache import EmbeddingCache
+
+        texts = corpus_texts(corpus)
+        # through the embedding cache embed_lib built: cached sentences are read, not encoded
+        vectors = EmbeddingCache(self.manifest).get(texts, self.encoder)
+        for t, v in zip(texts, vectors):
+            self.cache.put(t, v)
+        log.info("warmed %d sentences from %s", len(texts), corpus)
+        return len(texts)
+
+    def _encode(self, texts: list[str]) -> np.ndarray:
+        return self.encoder.encode(texts, show_progress=False)
+
+    @serve.batch(max_batch_size=64, batch_wait_timeout_s=0.005)
+    async def _encode_batch(self, texts: list[str]) -> list[np.ndarray | Exception]:
+        return await asyncio.to_thread(encode_isolated, self._encode, texts)
+
+    async def embed(self, texts: list[str]) -> np.ndarray:
+        """(n, d) raw vectors; cached sentences are not encoded again."""
+        found, missing = self.cache.get_many(texts)
+        if missing:
+            vectors = await asyncio.gather(*[self._encode_batch(t) for t in missing])
+            failed = [(t, v) for t, v in zip(missing, vectors) if isinstance(v, Exception)]
+            if failed:
+                t, exc = failed[0]
+                raise EncodeError(f"The encoder could not take the text {t[:40]!r} ({type(exc).__name__}: {exc}).")
+            for t, v in zip(missing, vectors):
+                self.cache.put(t, v)
+                found[t] = v
+        return np.stack([found[t] for t in texts]) if texts else np.zeros((0, self.manifest["dim"]), np.float32)
+
+    async def warm(self, texts: list[str]) -> int:
+        """Encode the texts not cached yet, in chunks; returns how many were new."""
+        new = [t for t in dict.fromkeys(texts) if t not in self.cache]
+        for i in range(0, len(new), 256):
+            chunk = new[i: i + 256]
+            for t, v in zip(chunk, await asyncio.to_thread(encode_isolated, self._encode, chunk)):
+                if not isinstance(v, Exception):
+                    self.cache.put(t, v)
+        return len(new)
+
+    def stats(self) -> dict[str, Any]:
+        return self.cache.stats()
+
+
+@serve.deployment
+class CrossEncoderScorer:
+    def __init__(self, model: str, num_cpus: float) -> None:
+        from sentence_transformers import CrossEncoder
+
+        from embed_lib.encoders import resolve_model
+
+        set_threads(num_cpus)
+        self.name = model
+        self.ce = CrossEncoder(resolve_model(model), device="cpu")
+
+    async def score(self, pairs: list[tuple[str, str]]) -> np.ndarray:
+        return await asyncio.to_thread(lambda: np.asarray(self.ce.predict([list(p) for p in pairs], batch_size=32,
+                                                                            show_progress_bar=False), np.float32))
+
+
+@serve.deployment(num_replicas=1, ray_actor_options={"num_cpus": 0.05})
+class WarmJobs:
+    """Background warm jobs over the encoder's cache: submit, poll, cancel. Finished jobs are kept (the
+    `keep` most recent) so their outcome can be read after they end."""
+
+    def __init__(self, encoder, max_running: int = 1, chunk: int = 256, keep: int = 100) -> None:
+        self.encoder, self.max_running, self.chunk, self.keep = encoder, max_running, chunk, keep
+        self.jobs: dict[str, dict[str, Any]] = {}
+        self.tasks: dict[str, asyncio.Task] = {}
+
+    async def submit(self, texts: list[str]) -> dict[str, Any] | None:
+        """The new job, or None when max_running jobs are running already."""
+        if sum(j["state"] == "running" for j in self.jobs.values()) >= self.max_running:
+            return None
+        texts = list(dict.fromkeys(texts))
+        job = {"id": uuid.uuid4().hex[:16], "state": "running", "total": len(texts), "done": 0, "added": 0,
+               "error": None, "created": time.time()}
+        self.jobs[job["id"]] = job
+        self.tasks[job["id"]] = asyncio.create_task(self._run(job, texts))
+        self._forget_old()
+        return self.public(job)
+
+    async def _run(self, job: dict[str, Any], texts: list[str]) -> None:
+        try:
+            for i in range(0, len(texts), self.chunk):
+                part = texts[i: i + self.chunk]
+                job["added"] += await self.encoder.warm.remote(part)
+                job["done"] += len(part)
+            job["state"] = "succeeded"
+        except asyncio.CancelledError:
+            job["state"] = "cancelled"
+        except Exception as exc:  # noqa: BLE001 -- the job's outcome, read by the client
+            job["state"], job["error"] = "failed", f"{type(exc).__name__}: {exc}"
+            log.exception("warm job %s failed", job["id"])
+        finally:
+            self.tasks.pop(job["id"], None)
+
+    def _forget_old(self) -> None:
+        finished = [j for j in self.jobs.values() if j["state"] != "running"]
+        for j in sorted(finished, key=lambda j: j["created"])[: max(0, len(self.jobs) - self.keep)]:
+            self.jobs.pop(j["id"], None)
+
+    @staticmethod
+    def public(job: dict[str, Any]) -> dict[str, Any]:
+        return {k: v for k, v in job.items() if k != "created"}
+
+    def status(self, job_id: str) -> dict[str, Any] | None:
+        job = self.jobs.get(job_id)
+        return None if job is None else self.public(job)
+
+    async def cancel(self, job_id: str) -> dict[str, Any] | None:
+        job = self.jobs.get(job_id)
+        if job is None:
+            return None
+        task = self.tasks.get(job_id)
+        if task is not None:
+            task.cancel()
+            try:
+                await task
+            except asyncio.CancelledError:
+                pass
+            job["state"] = "cancelled"
+        return self.public(job)

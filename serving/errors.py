@@ -1,0 +1,107 @@
+"""One error contract for every failure of the HTTP service: `{"error": {"type", "message", "field"?}}`.
+
+`ApiError` is what handlers raise; the exception handlers installed by `install` turn it, FastAPI's
+request-validation errors, body-parse failures, unknown routes and methods, and any unexpected
+exception into that one shape (with the status kept and `Retry-After` where the client should retry).
+"""
+from __future__ import annotations
+
+import logging
+from typing import Any
+
+from fastapi import FastAPI, Request
+from fastapi.exceptions import RequestValidationError
+from fastapi.responses import JSONResponse
+from pydantic import BaseModel, Field
+from starlette.exceptions import HTTPException as StarletteHTTPException
+
+log = logging.getLogger("ray.serve")
+
+#: status -> error type, for statuses raised without an explicit type
+TYPES = {400: "invalid_request", 404: "not_found", 405: "method_not_allowed", 413: "payload_too_large",
+         422: "invalid_request", 429: "rate_limited", 503: "overloaded", 504: "timeout", 500: "internal"}
+
+
+class ErrorDetail(BaseModel):
+    type: str = Field(description="invalid_request, not_found, method_not_allowed, payload_too_large, overloaded, "
+                                  "timeout, internal")
+    message: str = Field(description="what went wrong and how to fix it")
+    field: str | None = Field(None, description="the request field at fault, e.g. pairs[3][1]")
+
+
+class ErrorBody(BaseModel):
+    error: ErrorDetail
+
+
+class ApiError(Exception):
+    def __init__(self, status: int, message: str, field: str | None = None, type: str | None = None,
+                 headers: dict[str, str] | None = None) -> None:
+        super().__init__(message)
+        self.status, self.message, self.field = status, message, field
+        self.type, self.headers = type or TYPES.get(status, "error"), headers
+
+
+def error_response(status: int, message: str, field: str | None = None, type: str | None = None,
+                   headers: dict[str, str] | None = None) -> JSONResponse:
+    detail: dict[str, Any] = {"type": type or TYPES.get(status, "error"), "message": message}
+    if field is not None:
+        detail["field"] = field
+    return JSONResponse(status_code=status, content={"error": detail}, headers=headers)
+
+
+def _location(loc) -> str:
+    """('body', 'pairs', 0, 1) -> 'pairs[0][1]'."""
+    out = ""
+    for part in loc:
+        if part == "body":
+            continue
+        out += f"[{part}]" if isinstance(part, int) else (f".{part}" if out else str(part))
+    return out or "body"
+
+
+async def _api_error(request: Request, exc: ApiError) -> JSONResponse:
+    return error_response(exc.status, exc.message, exc.field, exc.type, exc.headers)
+
+
+async def _invalid(request: Request, exc: RequestValidationError) -> JSONResponse:
+    errors = exc.errors()
+    first = errors[0] if errors else {"loc": ("body",), "msg": "invalid request", "type": ""}
+    if first.get("type") == "json_invalid":  # the body is not JSON at all: a parse failure, not a bad field
+        reason = (first.get("ctx") or {}).get("error", "invalid JSON")
+        return error_response(400, f"The request body is not valid JSON ({reason}); send a JSON object "
+                                   "with Content-Type: application/json.", "body")
+    messages = [f"{_location(e['loc'])}: {e['msg']}" for e in errors]
+    return error_response(422, "; ".join(messages), _location(first["loc"]))
+
+
+async def _http(request: Request, exc: StarletteHTTPException) -> JSONResponse:
+    message = str(exc.detail)
+    if exc.status_code == 400 and "parsing the body" in message:
+        message = ("The request body could not be parsed: send UTF-8 encoded JSON (Content-Type: "
+                   "application/json), nested no deeper than the API's schemas.")
+    elif exc.status_code == 404:
+        message = f"No route {request.url.path}; see /docs for the API."
+    elif exc.status_code == 405:
+        message = f"{request.method} is not allowed on {request.url.path}; see /docs for the API."
+    return error_response(exc.status_code, message, headers=getattr(exc, "headers", None))
+
+
+async def _unexpected(request: Request, exc: Exception) -> JSONResponse:
+    log.exception("unhandled error on %s %s", request.method, request.url.path)
+    return error_response(500, "Internal error while handling the request; the replica's log has the traceback.")
+
+
+def install(app: FastAPI) -> None:
+    app.add_exception_handler(ApiError, _api_error)
+    app.add_exception_handler(RequestValidationError, _invalid)
+    app.add_exception_handler(StarletteHTTPException, _http)
+    app.add_exception_handler(Exception, _unexpected)
+
+
+#: the error statuses every endpoint documents in the OpenAPI spec
+def error_responses(*statuses: int) -> dict[int | str, dict[str, Any]]:
+    descriptions = {400: "the body is not valid JSON / not UTF-8", 404: "unknown route or job",
+                    413: "more texts than the synchronous limit", 422: "a field is invalid (the field is named)",
+                    503: "overloaded: retry after Retry-After seconds", 504: "the request exceeded request_timeout_s",
+                    500: "unexpected error"}
+    return {s: {"model": ErrorBody, "description": descriptions.get(s, "error")} for s in statuses}

@@ -1,0 +1,125 @@
+"""The pair scorer behind the HTTP service, without Serve: model, vector caches and scoring in one object.
+
+`PairScorer` holds the adapter, a near cache of sentence vectors (what this replica has seen) and a
+cache of each sentence's adapter projection, so a pair of cached sentences runs only the adapter's
+pair-level layers. It knows nothing of HTTP or Ray: the ingress fetches the vectors it lacks (from the
+encoder deployment) and hands them over; tests drive it with any vector source.
+"""
+from __future__ import annotations
+
+from collections import OrderedDict
+from typing import Any, Awaitable, Callable, Sequence
+
+import numpy as np
+
+from embed_lib.export import ensemble_scores, project
+
+
+class LRU:
+    """A bounded text -> vector map with hit / miss counts."""
+
+    def __init__(self, capacity: int) -> None:
+        self.capacity, self.data, self.hits, self.misses = capacity, OrderedDict(), 0, 0
+
+    def get_many(self, texts: Sequence[str]) -> tuple[dict[str, np.ndarray], list[str]]:
+        found, missing = {}, []
+        for t in dict.fromkeys(texts):
+            v = self.data.get(t)
+            if v is None:
+                missing.append(t)
+            else:
+                self.data.move_to_end(t)
+                found[t] = v
+        self.hits += len(found)
+        self.misses += len(missing)
+        return found, missing
+
+    def put(self, text: str, vec: np.ndarray) -> None:
+        if self.capacity <= 0:
+            return
+        self.data[text] = vec
+        self.data.move_to_end(text)
+        while len(self.data) > self.capacity:
+            self.data.popitem(last=False)
+
+    def __contains__(self, text: str) -> bool:
+        return text in self.data
+
+    def stats(self) -> dict[str, Any]:
+        total = self.hits + self.misses
+        return {"size": len(self.data), "capacity": self.capacity, "hits": self.hits, "misses": self.misses,
+                "hit_rate": self.hits / total if total else None}
+
+
+def projections(model, cache: LRU, texts: list[str], vectors: np.ndarray) -> np.ndarray | None:
+    """(S, n, width) adapter projections of the texts under `model`, kept per text in `cache` (None for the
+    baseline form, which has none)."""
+    if model.form == "baseline":
+        return None
+    found, missing = cache.get_many(texts)
+    if missing:
+        at = {t: i for i, t in enumerate(texts)}
+        h = project(model, vectors[[at[t] for t in missing]])
+        for j, t in enumerate(missing):
+            found[t] = h[:, j].copy()
+            cache.put(t, found[t])
+    return np.stack([found[t] for t in texts], axis=1)
+
+
+#: fetches raw vectors (n, d) for texts the scorer does not hold (the encoder deployment, in the service)
+VectorSource = Callable[[list[str]], Awaitable[np.ndarray]]
+
+
+class PairScorer:
+    """Scores sentence pairs with one adapter; see the module docstring."""
+
+    def __init__(self, model=None, info: dict[str, Any] | None = None, cache_size: int = 200_000,
+                 projection_cache_size: int = 50_000) -> None:
+        self.projection_cache_size = projection_cache_size
+        self.near = LRU(cache_size)
+        self.model, self.info, self.projected = None, {}, LRU(projection_cache_size)
+        if model is not None:
+            self.set_model(model, info or {})
+
+    def set_model(self, model, info: dict[str, Any]) -> None:
+        """Swap the adapter: its projections are emptied with it (they belong to the old model)."""
+        self.model, self.info, self.projected = model, info, LRU(self.projection_cache_size)
+
+    def add_vectors(self, texts: Sequence[str], vectors: np.ndarray) -> None:
+        for t, v in zip(texts, vectors):
+            self.near.put(t, v)
+
+    async def fetch(self, texts: Sequence[str], source: VectorSource) -> dict[str, np.ndarray]:
+        """text -> vector for every text, asking `source` once for the ones not held. Returned, not just
+        cached: a near cache smaller than one request must not lose vectors before they are used."""
+        found, missing = self.near.get_many(texts)
+        if missing:
+            vectors = await source(missing)
+            for t, v in zip(missing, vectors):
+                self.near.put(t, v)
+                found[t] = v
+        return found
+
+    def score_vectors(self, pairs: Sequence[tuple[str, str]], vectors: dict[str, np.ndarray]) -> dict[str, np.ndarray]:
+        """{'score', 'baseline', 'difficulty'} (n,) each, for pairs whose texts are all in `vectors`.
+        Synchronous: one model scores the whole request even while a swap waits. Cosines (the frozen
+        baseline, a per-sentence form's score) and the residual's score are clipped to [-1, 1]."""
+        model, projected = self.model, self.projected
+        if model is None:
+            raise RuntimeError("No model loaded yet.")
+        texts = list(dict.fromkeys(t for p in pairs for t in p))
+        X = np.stack([vectors[t] for t in texts])
+        h = projections(model, projected, texts, X)
+        row = {t: i for i, t in enumerate(texts)}
+        ia, ib = [row[a] for a, _ in pairs], [row[b] for _, b in pairs]
+        out = ensemble_scores(model, X[ia], X[ib], *((None, None) if h is None else (h[:, ia], h[:, ib])))
+        return {"score": np.clip(out["score"], -1.0, 1.0), "baseline": np.clip(out["baseline"], -1.0, 1.0),
+                "difficulty": out["difficulty"]}
+
+    async def score(self, pairs: Sequence[tuple[str, str]], source: VectorSource) -> dict[str, np.ndarray]:
+        """Fetch what is missing, then score (see `score_vectors`)."""
+        vectors = await self.fetch([t for p in pairs for t in p], source)
+        return self.score_vectors(pairs, vectors)
+
+    def stats(self) -> dict[str, Any]:
+        return {"near_cache": self.near.stats(), "projection_cache": self.projected.stats()}
