@@ -8,7 +8,7 @@
 #
 # Environment: VENV (.venv), EMBED_RAY_DIR (.cache/ray_local), RAY_PORT (6390), RAY_DASHBOARD_PORT (8265),
 # RAY_CLIENT_PORT (6391), RAY_AGENT_PORT (52375), RAY_AGENT_GRPC_PORT, RAY_RUNTIME_ENV_AGENT_PORT,
-# RAY_METRICS_PORT (Ray's defaults),
+# RAY_METRICS_PORT, DASHBOARD_METRIC_PORT (44227), AUTOSCALER_METRIC_PORT (44217) (Ray's defaults),
 # RAY_NUM_CPUS (all cores), RAY_AUTH_TOKEN_PATH ($EMBED_RAY_DIR/auth_token, made on first start),
 # the Ray Serve settings of cluster/serve.env (each overridable from the environment). `submit` forwards EMBED_DATA_DIR, EMBED_CACHE_DIR, EMBED_STORAGE_DIR,
 # MLFLOW_TRACKING_URI and HF_HUB_OFFLINE to the job as absolute paths.
@@ -23,6 +23,15 @@ PIDFILE="$STATE/head.pid"
 RAY_CLIENT_PORT="${RAY_CLIENT_PORT:-6391}"  # outside the worker range 10002-19999
 RAY_AGENT_PORT="${RAY_AGENT_PORT:-52375}"
 export PATH="$VENV/bin:$PATH"  # job entrypoints (`python ...`) resolve to the project's interpreter
+# A single-node cluster: with this Ray takes 127.0.0.1 as the node address (it replaces
+# --node-ip-address=127.0.0.1 by the host's address otherwise) and binds GCS, raylet, workers, agents and
+# the metrics servers to loopback. Clients that connect with ray.init(address=...) need it too (the
+# tests' conftest sets it); it only forbids adding worker nodes, which this script never does.
+export RAY_ENABLE_WINDOWS_OR_OSX_CLUSTER="${RAY_ENABLE_WINDOWS_OR_OSX_CLUSTER:-0}"
+# Prometheus metrics export of the dashboard agent: off unless EMBED_RAY_METRICS=1 (Ray's own
+# RAY_enable_metrics_collection wins when set). The dashboard's and autoscaler's metrics servers always
+# start; on this cluster they listen on 127.0.0.1 only.
+export RAY_enable_metrics_collection="${RAY_enable_metrics_collection:-$([[ "${EMBED_RAY_METRICS:-0}" == 1 ]] && echo 1 || echo 0)}"
 # token authentication on: the cluster and every client of it read this project's own token file
 export RAY_AUTH_MODE=token RAY_AUTH_TOKEN_PATH="${RAY_AUTH_TOKEN_PATH:-$STATE/auth_token}"
 ensure_token() {
@@ -61,16 +70,29 @@ case "${1:-}" in
     done
     echo "local Ray did not answer on :$DASH within 120 s; see $STATE/head.log" >&2; exit 1 ;;
   stop)
+    # everything the cluster started shares the session of `setsid ray start` (workers take their own
+    # process group, not their own session): stop that session, nothing else on the machine
     if running; then
-      pgid="$(cat "$PIDFILE")"
-      kill -TERM -- "-$pgid" 2>/dev/null || true
-      for _ in $(seq 1 30); do kill -0 -- "-$pgid" 2>/dev/null || break; sleep 1; done
-      kill -KILL -- "-$pgid" 2>/dev/null || true
-      echo "local Ray stopped"
+      sid="$(cat "$PIDFILE")"
+      pids="$(ps -eo pid=,sid= | awk -v s="$sid" '$2 == s {print $1}' | paste -sd '|')"
+      ports="$(ss -ltnpH 2>/dev/null | grep -E "pid=(${pids:-none})," | awk '{n = split($4, a, ":"); print a[n]}' | sort -un | paste -sd ' ')"
+      pkill -TERM -s "$sid" 2>/dev/null || true
+      for _ in $(seq 1 30); do pgrep -s "$sid" >/dev/null || break; sleep 0.1; done
+      pkill -KILL -s "$sid" 2>/dev/null || true  # `ray start --block` and gcs/raylet linger after TERM
+      open=""
+      for _ in $(seq 1 100); do
+        open=""
+        for p in $ports; do ss -ltnH "sport = :$p" 2>/dev/null | grep -q . && open="$open $p"; done
+        [[ -z "$open" ]] && ! pgrep -s "$sid" >/dev/null && break
+        sleep 0.1
+      done
+      rm -f "$PIDFILE"
+      if [[ -n "$open" ]]; then echo "local Ray stopped, but port(s)$open still listen after 10 s" >&2; exit 1; fi
+      echo "local Ray stopped (ports closed: ${ports:-none})"
     else
       echo "local Ray not running"
-    fi
-    rm -f "$PIDFILE" ;;
+      rm -f "$PIDFILE"
+    fi ;;
   status)
     if running; then echo "running (pgid $(cat "$PIDFILE")), dashboard http://127.0.0.1:$DASH"; else echo "stopped"; exit 1; fi ;;
   submit)

@@ -85,8 +85,8 @@ class TeacherConfig:
         _check_int("TeacherConfig.max_length", self.max_length, 8, 4096)
 
 
-#: named recipes. "strong" is the study's teacher; "light" fits a first `make run` on 2 CPU cores
-#: (one epoch per fold, no early stopping: ~3x cheaper, a few hundredths of Spearman weaker).
+#: named recipes. "strong" is the study's teacher; "light" fits a first `make run` on a small CPU machine
+#: (one epoch per fold, no early stopping: about a third of the cost, a little weaker).
 PRESETS: dict[str, dict[str, Any]] = {
     "strong": dict(folds=3, epochs=3, patience=1, early_stopping_fraction=0.1),
     "light": dict(folds=3, epochs=1, early_stopping_fraction=0.0),

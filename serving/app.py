@@ -83,6 +83,12 @@ async def docs() -> HTMLResponse:
 ERRORS = error_responses(400, 422, 500, 503, 504)
 
 
+def _found(job: dict[str, Any] | None, job_id: str) -> dict[str, Any]:
+    if job is None:
+        raise ApiError(404, f"No warm job {job_id!r} (the 100 most recent finished jobs are kept).", "job_id")
+    return job
+
+
 @serve.deployment
 @serve.ingress(api)
 class Ingress:
@@ -232,18 +238,12 @@ class Ingress:
     @api.get("/v1/warm/jobs/{job_id}", response_model=WarmJob, responses=error_responses(404))
     async def warm_job(self, job_id: str) -> dict[str, Any]:
         """Progress of a warm job: state, texts done, texts newly encoded."""
-        job = await self.warm_jobs.status.remote(job_id)
-        if job is None:
-            raise ApiError(404, f"No warm job {job_id!r} (finished jobs are kept for the 100 most recent).", "job_id")
-        return job
+        return _found(await self.warm_jobs.status.remote(job_id), job_id)
 
     @api.delete("/v1/warm/jobs/{job_id}", response_model=WarmJob, responses=error_responses(404))
     async def cancel_warm_job(self, job_id: str) -> dict[str, Any]:
         """Cancel a running warm job (texts already encoded stay cached)."""
-        job = await self.warm_jobs.cancel.remote(job_id)
-        if job is None:
-            raise ApiError(404, f"No warm job {job_id!r}.", "job_id")
-        return job
+        return _found(await self.warm_jobs.cancel.remote(job_id), job_id)
 
     @api.get("/healthz")
     async def healthz(self) -> dict[str, Any]:

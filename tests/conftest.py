@@ -13,6 +13,9 @@ os.environ["EMBED_DATA_DIR"] = str(DATA_DIR)
 # Ray token authentication for the tests' own cluster: decided before anything imports ray, because Ray
 # reads RAY_AUTH_MODE once per process (the file itself is written when the cluster starts)
 os.environ.setdefault("RAY_AUTH_MODE", "token")
+# a single-node Ray takes 127.0.0.1 as its node address and binds every port to loopback (cluster/local.sh
+# sets the same for the cluster; a driver connecting to it needs it as well, read when ray is imported)
+os.environ.setdefault("RAY_ENABLE_WINDOWS_OR_OSX_CLUSTER", "0")
 os.environ.setdefault("RAY_AUTH_TOKEN_PATH", str(Path(tempfile.mkdtemp(prefix="embed-ray-")) / "auth_token"))
 # tests share one embedding cache (the encodes are the slow part); Makefile sets the same default
 CACHE_DIR = Path(os.environ.setdefault("EMBED_CACHE_DIR", str(REPO / ".cache" / "embed_lib")))
@@ -45,6 +48,26 @@ def stsb_embedded(data_dir):
     return embed_task(load_splits("stsb", data_dir=data_dir), cache, lazy)
 
 
+def listening_sockets(session: int) -> list[tuple[str, int, str]]:
+    """(address, port, process) of every TCP socket listening in a process session (`ss -ltnp`)."""
+    import re
+    import subprocess
+
+    pids = {int(p) for p, s in (line.split() for line in subprocess.run(
+        ["ps", "-eo", "pid=,sid="], capture_output=True, text=True).stdout.splitlines()) if int(s) == session}
+    out = []
+    for line in subprocess.run(["ss", "-ltnpH"], capture_output=True, text=True).stdout.splitlines():
+        local, users = line.split()[3], line.split(maxsplit=5)[-1]
+        for name, pid in re.findall(r'\("([^"]+)",pid=(\d+)', users):
+            if int(pid) in pids:
+                address, _, port = local.rpartition(":")
+                out.append((address, int(port), name))
+    return sorted(set(out))
+
+
+LOOPBACK = ("127.0.0.1", "[::1]", "[::ffff:127.0.0.1]")
+
+
 def free_ports(n: int) -> list[int]:
     """n distinct free ports (all sockets held open until every port is chosen)."""
     import socket
@@ -69,7 +92,7 @@ def ray_cluster(tmp_path_factory):
 
     state = tmp_path_factory.mktemp("ray")
     names = ("RAY_PORT", "RAY_DASHBOARD_PORT", "RAY_CLIENT_PORT", "RAY_AGENT_PORT", "RAY_AGENT_GRPC_PORT",
-             "RAY_RUNTIME_ENV_AGENT_PORT", "RAY_METRICS_PORT")
+             "RAY_RUNTIME_ENV_AGENT_PORT", "RAY_METRICS_PORT", "DASHBOARD_METRIC_PORT", "AUTOSCALER_METRIC_PORT")
     env = dict(os.environ, EMBED_RAY_DIR=str(state), RAY_NUM_CPUS="2", VENV=str(Path(os.sys.executable).parents[1]),
                **{k: str(p) for k, p in zip(names, free_ports(len(names)))})
     script = REPO / "cluster" / "local.sh"

@@ -2,6 +2,7 @@
 from __future__ import annotations
 
 import json
+import os
 import re
 import subprocess
 import sys
@@ -126,3 +127,46 @@ def test_serve_env_file_errors_name_the_line(tmp_path):
     bad.write_text("# comment\n\nRAY_SERVE_X=1\nnot a setting\n")
     with pytest.raises(ValueError, match=r"serve.env:4: expected KEY=VALUE"):
         serve_env(bad)
+
+
+@pytest.mark.integration
+def test_the_local_cluster_listens_on_loopback_only_and_stop_closes_every_port():
+    """A cluster of its own: every socket its processes listen on is on loopback (nothing is on an
+    allowlist: Ray, the dashboard, the agents and the metrics servers all bind 127.0.0.1), and `stop`
+    returns once every one of those ports is closed."""
+    import shutil
+    import subprocess
+    import tempfile
+    import time
+
+    from tests.conftest import LOOPBACK, REPO, free_ports, listening_sockets
+
+    names = ("RAY_PORT", "RAY_DASHBOARD_PORT", "RAY_CLIENT_PORT", "RAY_AGENT_PORT", "DASHBOARD_METRIC_PORT",
+             "AUTOSCALER_METRIC_PORT")
+    state = Path(tempfile.mkdtemp(prefix="ray-"))  # short: Ray's socket paths must fit 107 bytes
+    env = dict(os.environ, EMBED_RAY_DIR=str(state), RAY_NUM_CPUS="1",
+               VENV=str(Path(sys.executable).parents[1]), **{k: str(p) for k, p in zip(names, free_ports(len(names)))})
+    script = str(REPO / "cluster" / "local.sh")
+    sockets = []
+    try:
+        subprocess.run([script, "start"], env=env, check=True, timeout=180)
+        session = int((state / "head.pid").read_text())
+        deadline = time.time() + 60
+        while True:  # the dashboard answers first; raylet and agents come up after it
+            sockets = listening_sockets(session)
+            started = {name for _, _, name in sockets}
+            if {"gcs_server", "raylet", "ray::DashboardA"} <= started or time.time() > deadline:
+                break
+            time.sleep(0.5)
+        assert {"gcs_server", "raylet", "ray::DashboardA"} <= started, sockets
+        exposed = [s for s in sockets if s[0] not in LOOPBACK]
+        assert not exposed, exposed
+    finally:
+        t0 = time.perf_counter()
+        stop = subprocess.run([script, "stop"], env=env, capture_output=True, text=True, timeout=120)
+        seconds = time.perf_counter() - t0
+        shutil.rmtree(state, ignore_errors=True)
+    assert stop.returncode == 0, stop.stdout + stop.stderr
+    still = subprocess.run(["ss", "-ltnH"], capture_output=True, text=True).stdout
+    open_ports = [p for _, p, _ in sockets if f":{p} " in still]
+    assert not open_ports, (open_ports, f"stop took {seconds:.1f} s")

@@ -2,9 +2,11 @@
 from __future__ import annotations
 
 import concurrent.futures as cf
+import json
 import os
 import threading
 import time
+from pathlib import Path
 
 import numpy as np
 import pytest
@@ -357,3 +359,117 @@ def test_serve_deploy_of_the_config_through_local_sh(served, ray_cluster, tmp_pa
         from ray import serve
 
         serve.delete(app["name"])
+
+
+def _fuzz_bodies():
+    """Request bodies a careless or hostile client might send: valid shapes with arbitrary Unicode (lone
+    surrogates, controls, zero-width, huge and empty texts), wrong types in every field, unknown fields,
+    arbitrary JSON, and raw bytes that are not JSON."""
+    from hypothesis import strategies as st
+
+    text = st.one_of(st.text(st.characters(codec=None, exclude_categories=()), max_size=60),
+                     st.text(alphabet="\x00\u200b\ufeff \t\ud800\udfff", max_size=5),
+                     st.sampled_from(["", " ", "ok", "A man plays a guitar.", "x" * 201]))
+    scalar = st.one_of(st.none(), st.booleans(), st.integers(-2**70, 2**70), st.floats(allow_nan=False), text)
+    anything = st.recursive(scalar, lambda c: st.lists(c, max_size=4) | st.dictionaries(text, c, max_size=4),
+                            max_leaves=12)
+    score = st.fixed_dictionaries({}, optional={
+        "pairs": st.one_of(st.lists(st.lists(text, min_size=0, max_size=3), max_size=10), anything),
+        "text_1": st.one_of(st.lists(text, max_size=6), anything), "text_2": st.one_of(st.lists(text, max_size=6), anything),
+        "cascade": st.one_of(st.booleans(), anything), "scorer": st.one_of(st.sampled_from(["adapter", "cross_encoder"]), anything),
+        "model": text})
+    rerank = st.fixed_dictionaries({}, optional={
+        "query": st.one_of(text, anything), "documents": st.one_of(st.lists(text, max_size=10), anything),
+        "top_n": st.one_of(st.integers(-3, 20), anything), "return_documents": st.one_of(st.booleans(), anything)})
+    # bodies that should be scored: printable texts of any script, within the limits
+    plain = st.text(st.characters(categories=("L", "N", "P", "S", "Zs", "M")), min_size=1, max_size=80).filter(
+        lambda t: any(not c.isspace() for c in t))
+    good_score = st.fixed_dictionaries({"pairs": st.lists(st.lists(plain, min_size=2, max_size=2), min_size=1,
+                                                          max_size=8)})
+    good_rerank = st.fixed_dictionaries({"query": plain, "documents": st.lists(plain, min_size=1, max_size=10)},
+                                        optional={"top_n": st.integers(1, 12), "return_documents": st.booleans()})
+    return st.one_of(
+        st.tuples(st.just("/v1/score"), good_score), st.tuples(st.just("/v1/rerank"), good_rerank),
+        st.tuples(st.just("/v1/score"), score), st.tuples(st.just("/v1/rerank"), rerank),
+        st.tuples(st.sampled_from(["/v1/score", "/v1/rerank"]), anything),
+        st.tuples(st.sampled_from(["/v1/score", "/v1/rerank"]), st.binary(max_size=200).map(lambda b: b"\x00raw" + b)))
+
+
+@pytest.mark.slow
+def test_fuzzed_bodies_never_get_a_500(served):
+    """Property-based: FUZZ_BODIES generated bodies (default 2000) against /v1/score and /v1/rerank, loopback
+    only. Every answer is a 200, a 413, or an error in the one shape (never a 500). With FUZZ_RESULTS=<path>
+    the figures are written there (`make fuzz` -> results/benchmarks/fuzz.json)."""
+    from hypothesis import HealthCheck, given, settings
+
+    n = int(os.environ.get("FUZZ_BODIES", "2000"))
+    session = requests.Session()
+    counts: dict[str, int] = {}
+    t0 = time.perf_counter()
+
+    @settings(max_examples=n, deadline=None, derandomize=True, database=None,
+              suppress_health_check=list(HealthCheck))
+    @given(_fuzz_bodies())
+    def send(case):
+        path, body = case
+        data = body if isinstance(body, bytes) else json.dumps(body).encode()
+        r = session.post(served["url"] + path, data=data, headers={"content-type": "application/json"}, timeout=60)
+        counts[str(r.status_code)] = counts.get(str(r.status_code), 0) + 1
+        assert r.status_code in (200, 400, 413, 422, 503), (r.status_code, path, body, r.text)
+        if r.status_code != 200:
+            _assert_error_shape(r, r.status_code)
+
+    send()
+    seconds = time.perf_counter() - t0
+    total = sum(counts.values())
+    assert total >= n and counts.get("500", 0) == 0 and counts.get("200", 0) > 0, counts
+    if os.environ.get("FUZZ_RESULTS"):
+        from pathlib import Path
+
+        out = {"bodies": total, "statuses": dict(sorted(counts.items())), "status_500": counts.get("500", 0),
+               "seconds": round(seconds, 1), "bodies_per_s": round(total / seconds, 1),
+               "endpoints": ["/v1/score", "/v1/rerank"], "generator": "hypothesis, derandomized",
+               "service": {k: served["args"][k] for k in ("max_pairs", "max_text_chars", "max_inflight")}}
+        Path(os.environ["FUZZ_RESULTS"]).write_text(json.dumps(out, indent=2) + "\n")
+
+
+#: what listens beyond loopback while serving, and why: Ray Serve binds each replica's inter-deployment gRPC
+#: server to [::] (hard-coded in ray.serve._private.replica); Ray's token interceptor guards it
+ALLOWED_BEYOND_LOOPBACK = {"ray::ServeRepli": "Serve replica gRPC (token auth)"}
+
+
+def _grpc_status(port: int, token: str | None):
+    """Status of a call to the replica's ASGIService with / without the cluster's token."""
+    import grpc
+
+    channel = grpc.insecure_channel(f"127.0.0.1:{port}")
+    call = channel.unary_unary("/ray.serve.ASGIService/HandleRequest", request_serializer=lambda b: b,
+                               response_deserializer=lambda b: b)
+    try:
+        call(b"", timeout=10, metadata=[("authorization", f"Bearer {token}")] if token else None)
+        return grpc.StatusCode.OK
+    except grpc.RpcError as exc:
+        return exc.code()
+    finally:
+        channel.close()
+
+
+def test_while_serving_only_token_protected_ports_listen_beyond_loopback(served, ray_cluster):
+    """The Serve proxy, controller and replicas included: every socket of the cluster's session listens on
+    loopback, except the replicas' gRPC servers (README, "Network exposure"), which refuse a call without
+    the cluster's token and accept the same call with it."""
+    import grpc
+
+    from tests.conftest import LOOPBACK, listening_sockets
+
+    session = int((Path(ray_cluster["EMBED_RAY_DIR"]) / "head.pid").read_text())
+    sockets = listening_sockets(session)
+    port = int(served["url"].rsplit(":", 1)[1])
+    assert any(p == port and a in LOOPBACK for a, p, _ in sockets), sockets  # the Serve proxy is one of them
+    exposed = [s for s in sockets if s[0] not in LOOPBACK]
+    assert all(name in ALLOWED_BEYOND_LOOPBACK for _, _, name in exposed), exposed
+    token = Path(os.environ["RAY_AUTH_TOKEN_PATH"]).read_text().strip()
+    for _, p, _ in exposed:
+        assert _grpc_status(p, None) == grpc.StatusCode.UNAUTHENTICATED
+        assert _grpc_status(p, "0" * 64) == grpc.StatusCode.UNAUTHENTICATED
+        assert _grpc_status(p, token) != grpc.StatusCode.UNAUTHENTICATED
