@@ -123,7 +123,7 @@ def _direct_ingress_port(app: str) -> int:
     raise RuntimeError(f"no direct-ingress HTTP target for application {app!r}")
 
 
-def main() -> None:
+def _parse_args():
     ap = argparse.ArgumentParser(description=__doc__)
     ap.add_argument("--seconds", type=float, default=6.0, help="per measurement (default 6)")
     ap.add_argument("--quick", action="store_true", help="fewer cells (c=1,8; 1 and 32 pairs)")
@@ -131,70 +131,91 @@ def main() -> None:
                     help="Ray Serve's direct ingress (RAY_SERVE_ENABLE_DIRECT_INGRESS=1): the ingress replica serves "
                          "HTTP on a port of its own and the load goes there (no proxy hop), as a load balancer "
                          "in front of the replicas would")
-    args = ap.parse_args()
-    from serving.serve_env import apply_serve_env
+    return ap.parse_args()
 
-    if args.direct_ingress:
-        os.environ["RAY_SERVE_ENABLE_DIRECT_INGRESS"] = "1"
-    settings = apply_serve_env()  # before ray.init: the local cluster's processes inherit them
+
+def _register(tracking: str):
+    """A pair-gated adapter trained on STS-B, registered as the champion; returns the study data."""
     import mlflow
-    import numpy as np
-    import ray
-    import requests
-    from ray import serve
 
     from embed_lib.config import AdapterConfig
-    from embed_lib.export import ensemble_scores
     from embed_lib.registry import log_adapter_model, promote
     from embed_lib.study import load_study
     from embed_lib.train import train_seed_group
-    from serving.app import build_app
 
-    tmp = tempfile.mkdtemp()
-    tracking = f"sqlite:///{tmp}/mlflow.db"
     mlflow.set_tracking_uri(tracking)
     data, _ = load_study("stsb")
     result = train_seed_group(AdapterConfig(adapter="pair_gated", target="lexical", epochs=3), data)
     with mlflow.start_run():
         info = log_adapter_model(result, data, registered_name="pair-residual-stsb")
     promote("pair-residual-stsb", info.registered_model_version, result.summary["ensemble/val/spearman"])
-    from embed_lib.tasks import load_task
+    return data
 
-    sentences = load_task("stsb", "validation").texts()[:2000]
-    # in-process references, no Serve, no HTTP: the adapter on cached vectors, the cross-encoder on text pairs
+
+def _in_process(dim: int, sentences: list[str], cross_encoder: str) -> tuple[float, float]:
+    """Pairs/s on one thread, no Serve, no HTTP: the adapter on cached vectors, the cross-encoder on texts."""
+    import numpy as np
     from sentence_transformers import CrossEncoder
 
     from embed_lib.encoders import resolve_model
+    from embed_lib.export import ensemble_scores
     from embed_lib.registry import load_registered
 
     model, _, _ = load_registered("models:/pair-residual-stsb@champion")
-    xa = np.random.default_rng(0).standard_normal((32, data.X.shape[1])).astype(np.float32)
+    xa = np.random.default_rng(0).standard_normal((32, dim)).astype(np.float32)
     xb = xa[::-1].copy()
-    in_process = _one_thread_pairs_per_s(lambda: ensemble_scores(model, xa, xb), 2.0)
-    cross_encoder = os.environ.get("BENCH_CROSS_ENCODER", "minilm")
+    adapter = _one_thread_pairs_per_s(lambda: ensemble_scores(model, xa, xb), 2.0)
     ce = CrossEncoder(resolve_model(cross_encoder), device="cpu")
     ce_pairs = [[sentences[j], sentences[j + 1]] for j in range(32)]
-    in_process_ce = _one_thread_pairs_per_s(lambda: ce.predict(ce_pairs, batch_size=32, show_progress_bar=False), 4.0)
-    del ce
+    return adapter, _one_thread_pairs_per_s(lambda: ce.predict(ce_pairs, batch_size=32, show_progress_bar=False), 4.0)
 
-    ray.init(num_cpus=2, include_dashboard=False, log_to_driver=False)
+
+def _serve(tmp: str, tracking: str, sentences: list[str], cross_encoder: str, direct_ingress: bool) -> int:
+    """The service on a Ray of its own, caches warm; returns the port the load goes to."""
+    import requests
+    from ray import serve
+
+    from serving.app import build_app
+
     port = 8123
     serve.start(http_options={"host": "127.0.0.1", "port": port})
     corpus = os.path.join(tmp, "corpus.txt")
     with open(corpus, "w") as fh:
         fh.write("\n".join(sentences))
-    # one replica each: on 2 cores a second replica only adds contention (and starts with a cold cache)
+    # one replica each: on a small node a second replica only adds contention (and starts with a cold cache)
     serve.run(build_app({"model_uri": "models:/pair-residual-stsb@champion", "tracking_uri": tracking,
                          "cross_encoder": cross_encoder, "warm_corpus": corpus,
                          "encoder": {"min": 1, "max": 1, "num_cpus": 0.5}, "ingress": {"min": 1, "max": 1, "num_cpus": 0.5},
                          "max_inflight": 256, "max_pairs": 64}), name="bench", route_prefix="/")
-    if args.direct_ingress:
+    if direct_ingress:
         port = _direct_ingress_port("bench")
+    for i in range(0, len(sentences), 1000):  # the ingress replica's near cache too (max_warm_sync per call)
+        requests.post(f"http://127.0.0.1:{port}/v1/warm", json={"texts": sentences[i: i + 1000]}, timeout=600)
+    return port
+
+
+def main() -> None:
+    args = _parse_args()
+    from serving.serve_env import apply_serve_env
+
+    if args.direct_ingress:
+        os.environ["RAY_SERVE_ENABLE_DIRECT_INGRESS"] = "1"
+    settings = apply_serve_env()  # before ray.init: the local cluster's processes inherit them
+    import ray
+    from ray import serve
+
+    from embed_lib.tasks import load_task
+
+    tmp = tempfile.mkdtemp()
+    tracking = f"sqlite:///{tmp}/mlflow.db"
+    data = _register(tracking)
+    sentences = load_task("stsb", "validation").texts()[:2000]
+    cross_encoder = os.environ.get("BENCH_CROSS_ENCODER", "minilm")
+    in_process, in_process_ce = _in_process(data.X.shape[1], sentences, cross_encoder)
+    ray.init(num_cpus=2, include_dashboard=False, log_to_driver=False)
+    port = _serve(tmp, tracking, sentences, cross_encoder, args.direct_ingress)
     url = f"http://127.0.0.1:{port}/v1/score"
-    requests.post(f"http://127.0.0.1:{port}/v1/warm", json={"texts": sentences}, timeout=600)  # the near cache too
-    cells = [(c, p) for c in (1, 8, 32) for p in (1, 32)]
-    if args.quick:
-        cells = [(c, p) for c in (1, 8) for p in (1, 32)]
+    cells = [(c, p) for c in ((1, 8) if args.quick else (1, 8, 32)) for p in (1, 32)]
     rows = []
     for kind, scorer in (("warm", "adapter"), ("cold", "adapter"), ("warm", "cross_encoder")):
         for c, p in cells:
@@ -205,7 +226,10 @@ def main() -> None:
             print(json.dumps(row))
     serve.shutdown()
     ray.shutdown()
+    _write(args, settings, rows, in_process, in_process_ce)
 
+
+def _write(args, settings, rows, in_process: float, in_process_ce: float) -> None:
     def best(path):
         return max(r["pairs_per_s"] for r in rows if r["path"] == path)
 
