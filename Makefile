@@ -15,7 +15,7 @@ TASK ?= stsb
 SWEEP_ARGS ?=
 MLFLOW_PORT ?= 5000
 
-.PHONY: venv run sweep smoke serve cluster-start cluster-stop mlflow-ui baseline study retrieval test bench chaos clean
+.PHONY: venv run sweep smoke serve cluster-start cluster-stop mlflow-ui baseline study retrieval test fuzz bench chaos clean
 
 venv: $(STAMP)
 $(STAMP): pyproject.toml
@@ -71,6 +71,10 @@ retrieval: venv
 
 test: venv
 	$(BIN)/python -m pytest -q
+
+## the API fuzz run alone (2000 generated bodies; part of `make test` too) -> results/benchmarks/fuzz.json
+fuzz: venv
+	FUZZ_RESULTS=$(abspath results/benchmarks/fuzz.json) $(BIN)/python -m pytest -q tests/test_serving.py -k fuzz
 
 bench: venv
 	$(BIN)/python benchmarks/encode_throughput.py

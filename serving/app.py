@@ -4,12 +4,13 @@
     serve deploy serving/config.yaml
 
 Deployments (serving/deployments.py): `Encoder`, an optional `CrossEncoderScorer`, `WarmJobs`; and
-`Ingress` here: HTTP (FastAPI, OpenAPI docs at /docs, served without internet), admission control,
-timeouts, model swapping, and a `PairScorer` (serving/scorer.py) that holds the adapter and its caches.
-The scorer lives in the ingress replica rather than in a deployment of its own: a request whose
-sentences are cached then makes no call beyond the ingress, and every deployment hop costs more CPU
-than scoring a request's pairs. Every error has one shape (serving/errors.py). The builder refuses a
-model whose encoder manifest does not match the serving encoder.
+`Ingress` here: the routes (our API, plus the request shapes of Cohere's rerank v1 / v2, vLLM's score
+and TEI's rerank, so the clients people have work unchanged), admission control, timeouts, model
+swapping, and a `PairScorer` (serving/scorer.py) that holds the adapter and its caches. The scorer lives
+in the ingress replica rather than in a deployment of its own: a request whose sentences are cached then
+makes no call beyond the ingress, and every deployment hop costs more CPU than scoring a request's
+pairs. The FastAPI app, its one error body and the offline /docs are in serving/api.py. The builder
+refuses a model whose encoder manifest does not match the serving encoder.
 
 Handlers never block the replica's event loop for long (encoding and the cross-encoder run in worker
 threads): the clusters run with Serve's user code on the main loop (cluster/serve.env).
@@ -17,24 +18,22 @@ threads): the clusters run with Serve's user code on the main loop (cluster/serv
 # no `from __future__ import annotations`: FastAPI reads the request models from real annotations
 
 import asyncio
-import json
 import logging
 import os
+import time
+import uuid
 from typing import Any
 
 import numpy as np
-from fastapi import FastAPI
-from fastapi.openapi.docs import get_swagger_ui_html
-from fastapi.responses import HTMLResponse, Response
-from fastapi.staticfiles import StaticFiles
+from fastapi.responses import Response
 from ray import serve
 
-from serving import errors
+from serving.api import ERRORS, api, found_job, json_response
 from serving.args import AppArgs, Replicas
 from serving.deployments import CrossEncoderScorer, EncodeError, Encoder, WarmJobs, corpus_texts, set_threads
 from serving.errors import ApiError, error_responses
-from serving.schemas import (RerankRequest, RerankResponse, ScoreRequest, ScoreResponse, WarmJob, WarmRequest,
-                             check_texts)
+from serving.schemas import (RerankRequest, RerankResponse, ScoreRequest, ScoreResponse, TeiRank, TeiRerankRequest,
+                             WarmJob, WarmRequest, check_texts)
 from serving.scorer import PairScorer
 
 log = logging.getLogger("ray.serve")  # Serve's logger: lines land in the replica's log, tagged with the replica
@@ -45,48 +44,6 @@ def _deployment_options(r: Replicas, access_log: bool = False, **extra) -> dict[
             "logging_config": {"enable_access_log": access_log},
             "autoscaling_config": {"min_replicas": r.min, "max_replicas": r.max, "initial_replicas": max(1, r.min),
                                    "target_ongoing_requests": 4}, **extra}
-
-
-def _json(body: dict[str, Any], status: int = 200) -> Response:
-    """The hot endpoints' responses, serialised once with the stdlib: FastAPI's generic encoder walks every
-    value of the body again, which costs more than the scoring itself."""
-    return Response(json.dumps(body), status_code=status, media_type="application/json")
-
-
-def _docs_assets() -> str | None:
-    try:
-        import swagger_ui_bundle
-    except ImportError:
-        return None
-    return swagger_ui_bundle.swagger_ui_path
-
-
-api = FastAPI(title="pair-adapter scorer", version="1", docs_url=None, redoc_url=None,
-              description="Pair scoring and re-ranking with a pair-level adapter over frozen sentence embeddings. "
-                          'Every error answers {"error": {"type", "message", "field"?}}.')
-errors.install(api)
-if _docs_assets():  # Swagger UI from a package, not a CDN: /docs works without internet
-    api.mount("/docs-assets", StaticFiles(directory=_docs_assets()), name="docs-assets")
-
-
-@api.get("/docs", include_in_schema=False)
-async def docs() -> HTMLResponse:
-    if not _docs_assets():
-        return HTMLResponse("<p>Install swagger-ui-bundle for the interactive docs; the spec is at "
-                            "<a href='/openapi.json'>/openapi.json</a>.</p>")
-    return get_swagger_ui_html(openapi_url="/openapi.json", title=api.title + " - docs",
-                               swagger_js_url="/docs-assets/swagger-ui-bundle.js",
-                               swagger_css_url="/docs-assets/swagger-ui.css",
-                               swagger_favicon_url="/docs-assets/favicon-32x32.png")
-
-
-ERRORS = error_responses(400, 422, 500, 503, 504)
-
-
-def _found(job: dict[str, Any] | None, job_id: str) -> dict[str, Any]:
-    if job is None:
-        raise ApiError(404, f"No warm job {job_id!r} (the 100 most recent finished jobs are kept).", "job_id")
-    return job
 
 
 @serve.deployment
@@ -195,23 +152,61 @@ class Ingress:
                  **({"path": paths[i]} if cascade else {})} for i in range(len(pairs))]
         return {"data": data}
 
+    def _check_model(self, model: str | None) -> None:
+        """A request may name the model (Cohere, vLLM and OpenAI-style clients do): it must be the served one."""
+        if model is None:
+            return
+        info = self.scorer.info
+        served = {info.get("name"), self.model_name, info.get("requested_uri"),
+                  f"models:/{info.get('name')}/{info.get('version')}"}
+        if model not in served:
+            raise ApiError(404, f"model {model!r} is not served here; this service serves {info.get('name')!r} "
+                                f"(version {info.get('version')}): send that name, or omit model.", "model",
+                           type="model_not_found")
+
     @api.post("/v1/score", response_model=None, responses={200: {"model": ScoreResponse}, **ERRORS})
     async def score(self, body: ScoreRequest) -> Response:
-        """Similarity of each pair (`pairs`, or `text_1` / `text_2`), with the frozen cosine as `baseline`."""
+        """Similarity of each pair (`pairs`, or vLLM's `text_1` / `text_2`), with the frozen cosine as `baseline`."""
+        self._check_model(body.model)
         pairs = body.resolved_pairs(self.args.max_pairs, self.args.max_text_chars)
         out = await self._guarded(self._score_pairs(pairs, body.cascade, body.scorer))
-        return _json({**out, "model": self.model_name})
+        for row in out["data"]:
+            row["object"] = "score"
+        return json_response({"id": f"score-{uuid.uuid4().hex}", "object": "list", "created": int(time.time()),
+                      "model": self.model_name, **out})
+
+    async def _ranked(self, query: str, documents: list[str]) -> list[dict[str, Any]]:
+        check_texts("query", [query], self.args.max_text_chars)
+        check_texts("documents", documents, self.args.max_text_chars, max_items=self.args.max_documents)
+        out = await self._guarded(self._score_pairs([(query, d) for d in documents], False, "adapter"))
+        return sorted(out["data"], key=lambda r: -r["score"])
+
+    async def _cohere_rerank(self, body: RerankRequest, version: str) -> Response:
+        self._check_model(body.model)
+        texts = body.texts()
+        ranked = (await self._ranked(body.query, texts))[: body.top_n or len(texts)]
+        results = [{"index": r["index"], "relevance_score": r["score"],
+                    **({"document": {"text": texts[r["index"]]}} if body.return_documents else {})} for r in ranked]
+        return json_response({"id": str(uuid.uuid4()), "results": results, "model": self.model_name,
+                      "meta": {"api_version": {"version": version}, "billed_units": {"search_units": 1}}})
 
     @api.post("/v1/rerank", response_model=None, responses={200: {"model": RerankResponse}, **ERRORS})
     async def rerank(self, body: RerankRequest) -> Response:
-        """The documents ordered by their score against the query (best first; `top_n` of them)."""
-        check_texts("query", [body.query], self.args.max_text_chars)
-        check_texts("documents", body.documents, self.args.max_text_chars, max_items=self.args.max_documents)
-        out = await self._guarded(self._score_pairs([(body.query, d) for d in body.documents], False, "adapter"))
-        ranked = sorted(out["data"], key=lambda r: -r["score"])[: body.top_n or len(body.documents)]
-        results = [{"index": r["index"], "relevance_score": r["score"],
-                    **({"document": body.documents[r["index"]]} if body.return_documents else {})} for r in ranked]
-        return _json({"results": results, "model": self.model_name})
+        """The documents ordered by their score against the query, best first (`top_n` of them): Cohere's
+        v1 rerank request and response."""
+        return await self._cohere_rerank(body, "1")
+
+    @api.post("/v2/rerank", response_model=None, responses={200: {"model": RerankResponse}, **ERRORS})
+    async def rerank_v2(self, body: RerankRequest) -> Response:
+        """Cohere's v2 rerank (what `cohere.ClientV2.rerank` posts)."""
+        return await self._cohere_rerank(body, "2")
+
+    @api.post("/rerank", response_model=list[TeiRank], responses=ERRORS)
+    async def rerank_tei(self, body: TeiRerankRequest) -> Response:
+        """Text Embeddings Inference's rerank: `{"query", "texts"}` -> `[{"index", "score", "text"?}]`."""
+        ranked = await self._ranked(body.query, body.texts)
+        return json_response([{"index": r["index"], "score": r["score"],
+                       **({"text": body.texts[r["index"]]} if body.return_text else {})} for r in ranked])
 
     @api.post("/v1/warm", responses=error_responses(400, 413, 422, 500, 503, 504))
     async def warm(self, body: WarmRequest) -> dict[str, Any]:
@@ -238,12 +233,12 @@ class Ingress:
     @api.get("/v1/warm/jobs/{job_id}", response_model=WarmJob, responses=error_responses(404))
     async def warm_job(self, job_id: str) -> dict[str, Any]:
         """Progress of a warm job: state, texts done, texts newly encoded."""
-        return _found(await self.warm_jobs.status.remote(job_id), job_id)
+        return found_job(await self.warm_jobs.status.remote(job_id), job_id)
 
     @api.delete("/v1/warm/jobs/{job_id}", response_model=WarmJob, responses=error_responses(404))
     async def cancel_warm_job(self, job_id: str) -> dict[str, Any]:
         """Cancel a running warm job (texts already encoded stay cached)."""
-        return _found(await self.warm_jobs.cancel.remote(job_id), job_id)
+        return found_job(await self.warm_jobs.cancel.remote(job_id), job_id)
 
     @api.get("/healthz")
     async def healthz(self) -> dict[str, Any]:

@@ -7,6 +7,7 @@ character (not only whitespace, zero-width or format characters) and is within m
 """
 from __future__ import annotations
 
+import re
 import unicodedata
 from typing import Literal
 
@@ -14,22 +15,28 @@ from pydantic import BaseModel, ConfigDict, Field, StrictBool, StrictInt, Strict
 
 from serving.errors import ApiError
 
-_ALLOWED_CONTROLS = frozenset("\t\n\r")
+#: C0 and C1 control characters other than tab, newline and carriage return
+_CONTROL = re.compile(r"[\x00-\x08\x0b\x0c\x0e-\x1f\x7f-\x9f]")
+_VISIBLE_ASCII = re.compile(r"[!-~]")
 
 
 def text_problem(text: str, max_chars: int) -> str | None:
-    """Why `text` cannot be scored, or None."""
+    """Why `text` cannot be scored, or None. Checked on every text of every request: regular expressions
+    and str methods (C speed) decide the common case; only texts without a visible ASCII character are
+    walked character by character."""
     if len(text) > max_chars:
         return f"has {len(text)} characters; the limit is {max_chars} (max_text_chars)"
-    try:
-        text.encode("utf-8")
-    except UnicodeEncodeError as exc:
-        return (f"contains an unpaired UTF-16 surrogate (U+{ord(text[exc.start]):04X}) at character {exc.start}; "
-                "send valid Unicode")
-    for i, ch in enumerate(text):
-        if unicodedata.category(ch) == "Cc" and ch not in _ALLOWED_CONTROLS:
-            return f"contains the control character U+{ord(ch):04X} at character {i}; remove it"
-    if not any(not unicodedata.category(ch).startswith(("Z", "C")) for ch in text):
+    if not text.isascii():
+        try:
+            text.encode("utf-8")
+        except UnicodeEncodeError as exc:
+            return (f"contains an unpaired UTF-16 surrogate (U+{ord(text[exc.start]):04X}) at character "
+                    f"{exc.start}; send valid Unicode")
+    bad = _CONTROL.search(text)
+    if bad:
+        return f"contains the control character U+{ord(bad.group()):04X} at character {bad.start()}; remove it"
+    if not _VISIBLE_ASCII.search(text) and not any(not unicodedata.category(ch).startswith(("Z", "C"))
+                                                   for ch in text):
         return "is empty or blank (no visible character, only whitespace / zero-width / format characters)"
     return None
 
@@ -49,13 +56,20 @@ def check_texts(field: str, texts: list[str], max_chars: int, max_items: int | N
 
 
 class ScoreRequest(BaseModel):
+    """Pairs to score: `pairs`, or `text_1` / `text_2` as vLLM's score API sends them (a string or a list
+    each: one-to-one for two lists of equal length, one-to-many where one side is a single string)."""
     model_config = ConfigDict(extra="forbid")
+    model: StrictStr | None = Field(None, description="the served model's name (optional; another name is a 404)")
     pairs: list[tuple[StrictStr, StrictStr]] | None = Field(None, description='[["a", "b"], ...]')
-    text_1: list[StrictStr] | None = Field(None, description="first texts (with text_2, instead of pairs)")
-    text_2: list[StrictStr] | None = None
+    text_1: StrictStr | list[StrictStr] | None = Field(None, description="first texts (with text_2, instead of pairs)")
+    text_2: StrictStr | list[StrictStr] | None = None
     cascade: StrictBool = Field(False, description="send pairs whose difficulty exceeds the threshold to the "
                                                    "cross-encoder")
     scorer: Literal["adapter", "cross_encoder"] = "adapter"
+    # accepted from vLLM clients, without effect here
+    encoding_format: StrictStr | None = Field(None, description="accepted for vLLM clients; ignored")
+    truncate_prompt_tokens: StrictInt | None = Field(None, description="accepted for vLLM clients; texts are "
+                                                     "truncated at the encoder's max_seq_length")
 
     def resolved_pairs(self, max_pairs: int, max_chars: int) -> list[tuple[str, str]]:
         if self.pairs is not None and (self.text_1 is not None or self.text_2 is not None):
@@ -63,11 +77,19 @@ class ScoreRequest(BaseModel):
         if self.pairs is None:
             if self.text_1 is None or self.text_2 is None:
                 raise ApiError(422, "pairs is missing; give pairs=[[a, b], ...] or text_1 and text_2.", "pairs")
-            if len(self.text_1) != len(self.text_2):
-                raise ApiError(422, f"text_1 has {len(self.text_1)} items and text_2 {len(self.text_2)}; "
-                                    "they must have the same length.", "text_2")
-            pairs, name = list(zip(self.text_1, self.text_2)), "text_1/text_2"
-            names = [f"text_{j + 1}[{i}]" for i in range(len(pairs)) for j in (0, 1)]
+            t1 = [self.text_1] if isinstance(self.text_1, str) else self.text_1
+            t2 = [self.text_2] if isinstance(self.text_2, str) else self.text_2
+            if len(t1) == 1 and len(t2) != 1:
+                t1 = t1 * len(t2)  # one against many
+            elif len(t2) == 1 and len(t1) != 1:
+                t2 = t2 * len(t1)
+            if len(t1) != len(t2):
+                raise ApiError(422, f"text_1 has {len(t1)} items and text_2 {len(t2)}; they must have the same "
+                                    "length, or one of them a single text.", "text_2")
+            pairs, name = list(zip(t1, t2)), "text_1/text_2"
+            one_1, one_2 = isinstance(self.text_1, str), isinstance(self.text_2, str)
+            names = [n for i in range(len(pairs)) for n in ("text_1" if one_1 else f"text_1[{i}]",
+                                                           "text_2" if one_2 else f"text_2[{i}]")]
         else:
             pairs, name = [tuple(p) for p in self.pairs], "pairs"
             names = [f"pairs[{i}][{j}]" for i in range(len(pairs)) for j in (0, 1)]
@@ -81,11 +103,46 @@ class ScoreRequest(BaseModel):
 
 
 class RerankRequest(BaseModel):
+    """A query and documents to order, as Cohere's rerank API (v1 and v2) takes them: documents are strings,
+    or (v1) objects with a "text" field, or with the fields named by rank_fields."""
     model_config = ConfigDict(extra="forbid")
+    model: StrictStr | None = Field(None, description="the served model's name (optional; another name is a 404)")
     query: StrictStr
-    documents: list[StrictStr]
+    documents: list[StrictStr | dict[StrictStr, StrictStr]]
     top_n: StrictInt | None = Field(None, ge=1, description="return the best top_n (default: all)")
     return_documents: StrictBool = False
+    rank_fields: list[StrictStr] | None = Field(None, description="fields of object documents to rank on "
+                                                "(joined as 'field: value' lines; default: text)")
+    max_chunks_per_doc: StrictInt | None = Field(None, ge=1, description="accepted for Cohere clients; ignored")
+    max_tokens_per_doc: StrictInt | None = Field(None, ge=1, description="accepted for Cohere clients; texts are "
+                                                 "truncated at the encoder's max_seq_length")
+    priority: StrictInt | None = Field(None, description="accepted for Cohere clients; ignored")
+
+    def texts(self) -> list[str]:
+        """The documents as texts (422 naming the document and the field where one lacks it)."""
+        out = []
+        for i, d in enumerate(self.documents):
+            if isinstance(d, str):
+                out.append(d)
+                continue
+            fields = self.rank_fields or ["text"]
+            missing = [f for f in fields if f not in d]
+            if missing:
+                raise ApiError(422, f"documents[{i}] has no field {missing[0]!r}; give each document a 'text' "
+                                    "field, or name its fields with rank_fields.", f"documents[{i}]")
+            out.append(d["text"] if fields == ["text"] else "\n".join(f"{f}: {d[f]}" for f in fields))
+        return out
+
+
+class TeiRerankRequest(BaseModel):
+    """Text Embeddings Inference's `POST /rerank` body."""
+    model_config = ConfigDict(extra="forbid")
+    query: StrictStr
+    texts: list[StrictStr]
+    return_text: StrictBool = False
+    raw_scores: StrictBool = Field(False, description="accepted; scores are similarities in [-1, 1] either way")
+    truncate: StrictBool | None = Field(None, description="accepted; texts are truncated at max_seq_length")
+    truncation_direction: Literal["Left", "Right", "left", "right"] | None = None
 
 
 class WarmRequest(BaseModel):
@@ -95,6 +152,7 @@ class WarmRequest(BaseModel):
 
 class PairScore(BaseModel):
     index: int
+    object: Literal["score"] = "score"
     score: float = Field(description="the adapter's similarity, in [-1, 1] (the cross-encoder's where path says so)")
     baseline: float | None = Field(None, description="the frozen encoder's cosine, in [-1, 1]")
     difficulty: float | None = Field(None, description="the gate's difficulty in (0, 1); null for ungated forms")
@@ -102,19 +160,35 @@ class PairScore(BaseModel):
 
 
 class ScoreResponse(BaseModel):
-    data: list[PairScore]
+    id: str
+    object: Literal["list"] = "list"
+    created: int
     model: str
+    data: list[PairScore]
+
+
+class RerankDocument(BaseModel):
+    text: str
 
 
 class RerankResult(BaseModel):
     index: int
     relevance_score: float
-    document: str | None = None
+    document: RerankDocument | None = Field(None, description="with return_documents (v1)")
 
 
 class RerankResponse(BaseModel):
+    """Cohere's rerank response (v1 and v2), with the served model's name."""
+    id: str
     results: list[RerankResult]
+    meta: dict
     model: str
+
+
+class TeiRank(BaseModel):
+    index: int
+    score: float
+    text: str | None = None
 
 
 class WarmJob(BaseModel):

@@ -128,7 +128,7 @@ def test_rerank_orders_by_score(served, encoder):
     assert len(results) == 2 and results[0]["relevance_score"] >= results[1]["relevance_score"]
     offline = _offline(served, encoder, [("A man is playing a guitar.", d) for d in docs])["score"]
     assert [x["index"] for x in results] == list(np.argsort(-offline)[:2])
-    assert results[0]["document"] == docs[results[0]["index"]]
+    assert results[0]["document"] == {"text": docs[results[0]["index"]]}  # Cohere's shape
 
 
 def _assert_error_shape(r, status, field=None):
@@ -148,9 +148,11 @@ def _assert_error_shape(r, status, field=None):
     ("/v1/score", {"pairs": [["bad \ud800 surrogate", "b"]]}, "unpaired UTF-16 surrogate", "pairs[0][0]"),
     ("/v1/score", {"pairs": [["a", "\u200b\u200b"]]}, "no visible character", "pairs[0][1]"),
     ("/v1/score", {"pairs": [["\u0000", "b"]]}, "control character U+0000", "pairs[0][0]"),
-    ("/v1/score", {"text_1": ["a"], "text_2": ["b", "c"]}, "text_1 has 1 items and text_2 2", "text_2"),
     ("/v1/score", {}, "pairs is missing", "pairs"),
     ("/v1/score", {"pairs": [["a", "b"]], "bogus": 1}, "bogus: Extra inputs are not permitted", "bogus"),
+    ("/v1/score", {"text_1": ["a", "b"], "text_2": ["c", "d", "e"]}, "text_1 has 2 items and text_2 3", "text_2"),
+    ("/v1/rerank", {"query": "q", "documents": [{"title": "t"}]}, "documents[0] has no field 'text'",
+     "documents[0]"),
     ("/v1/score", {"pairs": [["a", "b"]], "cascade": True}, "need a cross-encoder", "cascade"),
     ("/v1/rerank", {"query": "q", "documents": []}, "documents is empty", "documents"),
     ("/v1/rerank", {"query": " ", "documents": ["d"]}, "query is empty or blank", "query"),
@@ -230,6 +232,51 @@ def test_large_warms_are_background_jobs(served):
     assert after["embedding_cache"]["misses"] == before["embedding_cache"]["misses"]  # already encoded
     cancelled = requests.delete(served["url"] + f"/v1/warm/jobs/{job_id}", timeout=30).json()
     assert cancelled["state"] == "succeeded"  # a finished job stays as it ended
+
+
+def test_the_official_cohere_sdk_reranks_through_v1_and_v2(served, encoder):
+    """The real `cohere` SDK pointed at the service: ClientV2.rerank (POST /v2/rerank) and Client.rerank
+    (POST /v1/rerank, documents as objects, return_documents), ranked like the library; a model name
+    the service does not serve is a 404 the SDK raises as NotFoundError."""
+    import cohere
+
+    query = "A man is playing a guitar."
+    docs = ["The stock market fell sharply.", "A man plays the guitar.", "Someone is playing an instrument."]
+    expected = list(np.argsort(-_offline(served, encoder, [(query, d) for d in docs])["score"]))
+    v2 = cohere.ClientV2(api_key="unused", base_url=served["url"])
+    r2 = v2.rerank(model="pair-residual-stsb", query=query, documents=docs, top_n=2)
+    assert [r.index for r in r2.results] == expected[:2]
+    assert r2.results[0].relevance_score >= r2.results[1].relevance_score
+    v1 = cohere.Client(api_key="unused", base_url=served["url"])
+    r1 = v1.rerank(model="pair-residual-stsb", query=query, documents=[{"text": d} for d in docs],
+                   return_documents=True)
+    assert [r.index for r in r1.results] == expected
+    assert r1.results[0].document.text == docs[expected[0]]
+    with pytest.raises(cohere.errors.NotFoundError) as e:
+        v2.rerank(model="rerank-english-v3.0", query=query, documents=docs)
+    assert "pair-residual-stsb" in str(e.value.body)
+
+
+def test_vllm_and_tei_request_shapes(served, encoder):
+    """vLLM's score request (one text against many) and TEI's /rerank, answered in their shapes."""
+    query, docs = "A man is playing a guitar.", ["A man plays the guitar.", "The stock market fell sharply."]
+    offline = _offline(served, encoder, [(query, d) for d in docs])["score"]
+    r = requests.post(served["url"] + "/v1/score", json={"model": "pair-residual-stsb", "text_1": query,
+                                                         "text_2": docs}, timeout=60)
+    assert r.status_code == 200, r.text
+    body = r.json()
+    assert body["object"] == "list" and body["id"].startswith("score-") and isinstance(body["created"], int)
+    assert [d["object"] for d in body["data"]] == ["score", "score"]
+    np.testing.assert_allclose([d["score"] for d in body["data"]], offline, atol=1e-5)
+    tei = requests.post(served["url"] + "/rerank", json={"query": query, "texts": docs, "return_text": True},
+                        timeout=60)
+    assert tei.status_code == 200, tei.text
+    ranks = tei.json()
+    assert [x["index"] for x in ranks] == list(np.argsort(-offline))
+    assert ranks[0]["text"] == docs[ranks[0]["index"]] and ranks[0]["score"] == pytest.approx(offline.max(), abs=1e-5)
+    wrong = requests.post(served["url"] + "/v1/score", json={"model": "BAAI/bge-reranker", "text_1": query,
+                                                             "text_2": docs}, timeout=60)
+    assert _assert_error_shape(wrong, 404, "model")["type"] == "model_not_found"
 
 
 def test_health_and_model_info(served):
@@ -398,8 +445,8 @@ def _fuzz_bodies():
 @pytest.mark.slow
 def test_fuzzed_bodies_never_get_a_500(served):
     """Property-based: FUZZ_BODIES generated bodies (default 2000) against /v1/score and /v1/rerank, loopback
-    only. Every answer is a 200, a 413, or an error in the one shape (never a 500). With FUZZ_RESULTS=<path>
-    the figures are written there (`make fuzz` -> results/benchmarks/fuzz.json)."""
+    only. Every answer is a 200 or an error in the one shape, never a 500 (a 404 names a model it does not
+    serve). With FUZZ_RESULTS=<path> the figures are written there (`make fuzz` -> results/benchmarks/fuzz.json)."""
     from hypothesis import HealthCheck, given, settings
 
     n = int(os.environ.get("FUZZ_BODIES", "2000"))
@@ -415,7 +462,7 @@ def test_fuzzed_bodies_never_get_a_500(served):
         data = body if isinstance(body, bytes) else json.dumps(body).encode()
         r = session.post(served["url"] + path, data=data, headers={"content-type": "application/json"}, timeout=60)
         counts[str(r.status_code)] = counts.get(str(r.status_code), 0) + 1
-        assert r.status_code in (200, 400, 413, 422, 503), (r.status_code, path, body, r.text)
+        assert r.status_code in (200, 400, 404, 413, 422, 503), (r.status_code, path, body, r.text)
         if r.status_code != 200:
             _assert_error_shape(r, r.status_code)
 

@@ -163,6 +163,27 @@ def test_score_request_names_the_field_and_index():
     assert e.value.field == "text_1[1]"
 
 
+def test_vllm_text_1_text_2_forms_resolve_to_pairs():
+    from serving.schemas import ScoreRequest
+
+    assert ScoreRequest(text_1="q", text_2=["a", "b"]).resolved_pairs(8, 50) == [("q", "a"), ("q", "b")]
+    assert ScoreRequest(text_1=["a", "b"], text_2="q").resolved_pairs(8, 50) == [("a", "q"), ("b", "q")]
+    assert ScoreRequest(text_1="a", text_2="b").resolved_pairs(8, 50) == [("a", "b")]
+    assert ScoreRequest(text_1=["a", "b"], text_2=["c", "d"]).resolved_pairs(8, 50) == [("a", "c"), ("b", "d")]
+
+
+def test_cohere_documents_as_objects_and_rank_fields():
+    from serving.schemas import RerankRequest
+
+    docs = [{"text": "plain"}, {"text": "x", "title": "T"}]
+    assert RerankRequest(query="q", documents=["s", docs[0]]).texts() == ["s", "plain"]
+    assert RerankRequest(query="q", documents=docs[1:], rank_fields=["title", "text"]).texts() == ["title: T\ntext: x"]
+    from serving.errors import ApiError
+
+    with pytest.raises(ApiError, match="documents\\[0\\] has no field 'title'"):
+        RerankRequest(query="q", documents=docs, rank_fields=["title", "text"]).texts()
+
+
 def test_one_error_shape_for_every_failure():
     """Through the FastAPI app (no Serve): validation, parse failures, unknown routes and methods, and an
     unexpected exception all answer {"error": {"type", "message", "field"?}}."""

@@ -1,0 +1,55 @@
+"""The FastAPI application the ingress serves: its error handlers, the offline /docs, response helpers."""
+# no `from __future__ import annotations`: FastAPI reads annotations at runtime
+
+import json
+from typing import Any
+
+from fastapi import FastAPI
+from fastapi.openapi.docs import get_swagger_ui_html
+from fastapi.responses import HTMLResponse, Response
+from fastapi.staticfiles import StaticFiles
+
+from serving import errors
+from serving.errors import ApiError, error_responses
+
+
+def json_response(body: dict[str, Any] | list[Any], status: int = 200) -> Response:
+    """The hot endpoints' responses, serialised once with the stdlib: FastAPI's generic encoder walks every
+    value of the body again, which costs more than the scoring itself."""
+    return Response(json.dumps(body), status_code=status, media_type="application/json")
+
+
+def _docs_assets() -> str | None:
+    try:
+        import swagger_ui_bundle
+    except ImportError:
+        return None
+    return swagger_ui_bundle.swagger_ui_path
+
+
+api = FastAPI(title="pair-adapter scorer", version="1", docs_url=None, redoc_url=None,
+              description="Pair scoring and re-ranking with a pair-level adapter over frozen sentence embeddings. "
+                          'Every error answers {"error": {"type", "message", "field"?}}.')
+errors.install(api)
+if _docs_assets():  # Swagger UI from a package, not a CDN: /docs works without internet
+    api.mount("/docs-assets", StaticFiles(directory=_docs_assets()), name="docs-assets")
+
+
+@api.get("/docs", include_in_schema=False)
+async def docs() -> HTMLResponse:
+    if not _docs_assets():
+        return HTMLResponse("<p>Install swagger-ui-bundle for the interactive docs; the spec is at "
+                            "<a href='/openapi.json'>/openapi.json</a>.</p>")
+    return get_swagger_ui_html(openapi_url="/openapi.json", title=api.title + " - docs",
+                               swagger_js_url="/docs-assets/swagger-ui-bundle.js",
+                               swagger_css_url="/docs-assets/swagger-ui.css",
+                               swagger_favicon_url="/docs-assets/favicon-32x32.png")
+
+
+ERRORS = error_responses(400, 404, 422, 500, 503, 504)
+
+
+def found_job(job: dict[str, Any] | None, job_id: str) -> dict[str, Any]:
+    if job is None:
+        raise ApiError(404, f"No warm job {job_id!r} (the 100 most recent finished jobs are kept).", "job_id")
+    return job
