@@ -13,15 +13,18 @@ import logging
 import sys
 from typing import Sequence
 
-from embed_lib.cli_args import add_adapter_flags, add_data_flags, add_encoder_flags, add_mlflow_flags, add_teacher_flags
+from embed_lib.cli_args import (add_adapter_flags, add_custom_data_flags, add_data_flags, add_encoder_flags,
+                                add_mlflow_flags, add_teacher_flags, resolve_task)
 from embed_lib.commands import cmd_baseline, cmd_diagnostics, cmd_retrieval, cmd_study, cmd_train
 from embed_lib.tasks import task_names
 
 
 def _add_common(p: argparse.ArgumentParser) -> None:
-    p.add_argument("--task", default="stsb", help=f"one of {task_names()} or 'all' (default: stsb)")
+    p.add_argument("--task", default="stsb", help=f"one of {task_names()}, 'all', or your own pairs: a .csv / "
+                                                  ".tsv / .jsonl / .parquet file or hf:<dataset id> (default: stsb)")
     add_encoder_flags(p)
     add_data_flags(p)
+    add_custom_data_flags(p)
 
 
 def build_parser() -> argparse.ArgumentParser:
@@ -67,7 +70,7 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--tracking-uri", default=None, help="MLflow tracking URI (default: $MLFLOW_TRACKING_URI)")
     p.add_argument("--train", action="store_true",
                    help="instead of --model-uri, train the adapter given by the adapter flags on the task's train split")
-    p.add_argument("--split", default="test", help="the split the retrieval set is built from (default test)")
+    p.add_argument("--retrieval-split", default="test", help="the split the retrieval set is built from (default test)")
     p.add_argument("--top-k", type=int, default=100, help="frozen-cosine candidates re-ranked (default 100)")
     p.add_argument("--out", default=None, help="results file (default: results/retrieval_<task>.md)")
     p.set_defaults(func=cmd_retrieval)
@@ -87,10 +90,13 @@ def main(argv: Sequence[str] | None = None) -> int:
     parser = build_parser()
     args = parser.parse_args(argv)
     task = getattr(args, "task", None)
-    listed = task.split(",") if args.command == "study" and task else [task]
-    if task != "all" and any(t not in (*task_names(), None) for t in listed):
-        parser.error(f"--task {task!r} is unknown. Valid tasks: {task_names()} or 'all'"
-                     + (" (study: a comma list)." if args.command == "study" else "."))
+    if task is not None and task != "all":
+        listed = task.split(",") if args.command == "study" else [task]
+        try:  # a file or hf:<id> is validated here, before anything is encoded, cached or logged
+            args.task = ",".join(resolve_task(args, t) for t in listed)
+        except (ValueError, FileNotFoundError, RuntimeError) as exc:
+            print(f"error: {exc}", file=sys.stderr)
+            return 2
     if hasattr(args, "out") and args.out is None:
         args.out = f"results/{args.command}_{args.task.replace(',', '_')}.md"
     try:

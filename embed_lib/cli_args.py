@@ -156,3 +156,43 @@ def teacher_summary(record: dict) -> str:
                          f"{q[split]['cosine_spearman']:.4f}, error correlation {q[split]['error_correlation']:.3f}, "
                          f"rank average {q[split]['rank_average_spearman']:.4f}; ")
     return "".join(parts) + f"{record['seconds']:.0f}s once per task"
+
+
+def add_custom_data_flags(p: argparse.ArgumentParser) -> None:
+    """Flags of a --task that is a file or a Hub dataset (embed_lib.custom_tasks)."""
+    g = p.add_argument_group("your own pairs (--task FILE.csv|.tsv|.jsonl|.parquet or hf:<id>[:<config>])")
+    g.add_argument("--text-columns", default="sentence1,sentence2", help="the two text columns (default sentence1,sentence2)")
+    g.add_argument("--label-column", default="label", help="the label column (default label)")
+    g.add_argument("--label-range", default=None, metavar="LO,HI", help="graded labels and their scale, e.g. 0,5")
+    g.add_argument("--binary", action="store_true", help="0/1 labels (detected when every label is 0 or 1)")
+    g.add_argument("--split-column", default="split",
+                   help="column naming each row's split (train / validation / test; default split); without it a "
+                        "seeded 70/15/15 split is made")
+    g.add_argument("--split", default=None, choices=["train", "validation", "test"],
+                   help="the whole file is this split (e.g. test: a file used only for evaluation)")
+    g.add_argument("--task-name", default=None, help="the task's name (a slug; default from the file name): experiment "
+                                                "sweep-<name>, registered model pair-residual-<name>")
+
+
+def resolve_task(args: argparse.Namespace, value: str) -> str:
+    """A built-in task name stays as it is; a file or hf:<id> is validated and registered as a custom task,
+    whose name is returned. Raises ValueError / FileNotFoundError naming the file, row, column and rule."""
+    from embed_lib.custom_tasks import CustomTask, register
+    from embed_lib.tasks import CUSTOM, task_names
+
+    if value in task_names() or value in CUSTOM:
+        return value
+    looks_like_data = value.startswith("hf:") or "/" in value or "." in value
+    if not looks_like_data:
+        raise ValueError(f"--task {value!r} is unknown. Valid tasks: {task_names()}, a pair file "
+                         "(.csv, .tsv, .jsonl, .parquet) or hf:<dataset id>[:<config>].")
+    label_range = None
+    if args.label_range:
+        try:
+            lo, hi = (float(x) for x in args.label_range.split(","))
+        except ValueError:
+            raise ValueError(f"--label-range {args.label_range!r}: expected LO,HI, e.g. 0,5.") from None
+        label_range = (lo, hi)
+    spec = CustomTask.from_args(value, tuple(c.strip() for c in args.text_columns.split(",")), args.label_column,
+                                label_range, args.binary, args.split_column, args.split, args.task_name)
+    return register(spec)

@@ -102,11 +102,12 @@ def cmd_train(args: argparse.Namespace) -> int:
     if not args.no_mlflow:
         import mlflow
 
-        from embed_lib.tracking import default_tracking_uri, log_group, set_experiment
+        from embed_lib.tracking import default_tracking_uri, log_group, log_task_inputs, set_experiment
 
         set_experiment(args.experiment or f"embed_lib-{args.task}", args.tracking_uri or default_tracking_uri())
         with mlflow.start_run(run_name=f"{cfg.adapter}-{cfg.control}-{cfg.target}") as run:
             log_group(result, data, record)
+            log_task_inputs(args.task, args.data_dir)
         print(f"MLflow run {run.info.run_id} at {mlflow.get_tracking_uri()}")
     return 0
 
@@ -182,7 +183,7 @@ def cmd_retrieval(args: argparse.Namespace) -> int:
     teacher = teacher_config(args) if args.train and args.target == "ce_margin" else None
     data, _ = load_study(args.task, encoder_config(args), teacher, data_dir=args.data_dir, cache_dir=args.cache_dir,
                          progress=teacher_progress(args.task))
-    split = load_splits(args.task, (args.split,), args.data_dir)[args.split]
+    split = load_splits(args.task, (args.retrieval_split,), args.data_dir)[args.retrieval_split]
     rs, V = R.embed_retrieval_set(split, LazyEncoder(encoder_config(args)), args.cache_dir)
     label, model = _retrieval_models(args, data)
     top = R.cosine_top_k(V, rs.queries, args.top_k)
@@ -192,14 +193,14 @@ def cmd_retrieval(args: argparse.Namespace) -> int:
     per_seed = [R.ranking_metrics(R.order_by(top, s), rs.relevant) for s in scores]
     ens = R.ranking_metrics(R.order_by(top, scores.mean(0)), rs.relevant)
     diffs = {m: np.array([p[m] - base[m] for p in per_seed]) for m in base}
-    result = {"task": args.task, "split": args.split, "split_note": split.split_note, "model": label,
+    result = {"task": args.task, "split": args.retrieval_split, "split_note": split.split_note, "model": label,
               "queries": int(q), "corpus": len(rs.texts), "top_k": int(k), "frozen_cosine": base,
               "reranked_per_seed": per_seed, "reranked_ensemble": ens,
               "delta": {m: {"mean": float(d.mean()), "std": float(d.std(ddof=1)) if len(d) > 1 else 0.0,
                             "min": float(d.min()), "positive": int((d > 0).sum()), "n_seeds": len(d)}
                         for m, d in diffs.items()},
               "seconds": round(time.perf_counter() - t0, 1)}
-    lines = [f"# Re-ranking check: {args.task} {args.split} (BEIR-Quora style)", "",
+    lines = [f"# Re-ranking check: {args.task} {args.retrieval_split} (BEIR-Quora style)", "",
              f"Model: {label}. {q} queries (first questions of the split's duplicate pairs), corpus {len(rs.texts)} "
              f"distinct questions of the split ({split.split_note}); frozen cosine top-{k}, re-ranked by each seed.",
              "", "| metric | frozen cosine | re-ranked (mean over seeds) | delta mean ± std | min | seeds > 0 | "

@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import dataclasses
 import os
+import re
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -148,8 +149,9 @@ class AdapterConfig:
     seed0: int = 0
 
     def __post_init__(self) -> None:
-        if self.task not in task_names():
-            raise ValueError(f"Unknown task {self.task!r}. Valid tasks: {task_names()}.")
+        # a custom task is registered in the process that read its file; elsewhere (a Ray trial) its slug stands
+        if self.task not in task_names() and not re.fullmatch(r"[a-z0-9][a-z0-9_-]{0,47}", str(self.task)):
+            raise ValueError(f"Unknown task {self.task!r}. Valid tasks: {task_names()} or a custom task's name.")
         if self.adapter not in FORMS:
             raise ValueError(f"Unknown adapter {self.adapter!r}. Valid adapters: {list(FORMS)}.")
         if self.control not in CONTROLS[self.adapter]:

@@ -98,7 +98,12 @@ TASKS: dict[str, TaskSpec] = {
 }
 
 
+#: tasks registered from the user's own files (embed_lib.custom_tasks.register): name -> (spec, splits)
+CUSTOM: dict[str, tuple] = {}
+
+
 def task_names() -> list[str]:
+    """The built-in tasks (custom tasks are in CUSTOM)."""
     return sorted(TASKS)
 
 
@@ -187,6 +192,12 @@ def load_task(name: str, split: str, data_dir: str | Path | None = None, *, sour
     source: "mirror" (needs data_dir or $EMBED_DATA_DIR), "hub", or "auto" (mirror when a data
     directory is known, else the Hub).
     """
+    if name in CUSTOM:
+        splits = CUSTOM[name][1]
+        if split not in splits:
+            raise ValueError(f"Task {name!r} ({CUSTOM[name][0].source}) has no {split!r} split; it has "
+                             f"{sorted(splits)}.")
+        return splits[split]
     spec = get_task(name)
     if split not in SPLITS:
         raise ValueError(f"Unknown split {split!r} for task {name!r}. Valid splits: {list(SPLITS)}.")
@@ -255,4 +266,7 @@ def distinct_texts(splits: Mapping[str, PairData]) -> list[str]:
 
 def load_splits(name: str, splits: Sequence[str] = SPLITS, data_dir: str | Path | None = None,
                 *, source: str = "auto") -> dict[str, PairData]:
+    """The named splits; a custom task gives those of them its source has."""
+    if name in CUSTOM:
+        splits = [s for s in splits if s in CUSTOM[name][1]]
     return {s: load_task(name, s, data_dir, source=source) for s in splits}

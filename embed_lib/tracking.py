@@ -135,3 +135,29 @@ def set_experiment(name: str, tracking_uri: str | None = None):
             if mlflow.get_experiment_by_name(name) is None:
                 raise
     return mlflow.set_experiment(name)
+
+
+def _dataset_source(where: str) -> str:
+    """A PairData source ('mirror:<file>', 'hub:<id>/<config>:<split>', a file, 'hf:<id>') as a URI MLflow can
+    resolve: a local path, or the dataset's page on the Hugging Face Hub."""
+    for prefix in ("mirror:", "hub:", "hf:"):
+        if where.startswith(prefix):
+            rest = where[len(prefix):]
+            if prefix == "mirror:":
+                return rest
+            ident = rest.split(":")[0]  # org/name, then a config for the built-in tasks
+            return "https://huggingface.co/datasets/" + "/".join(ident.split("/")[:2])
+    return str(Path(where).absolute())
+
+
+def log_task_inputs(task: str, data_dir: str | Path | None = None) -> None:
+    """The task's splits as the active run's dataset inputs (source, digest, row counts in the MLflow UI)."""
+    import mlflow
+    import pandas as pd
+
+    from embed_lib.tasks import SPLITS, load_splits
+
+    for split, d in load_splits(task, SPLITS, data_dir).items():
+        frame = pd.DataFrame({"sentence1": d.sentence1, "sentence2": d.sentence2, "label": d.label})
+        dataset = mlflow.data.from_pandas(frame, source=_dataset_source(d.source), name=f"{task}-{split}")
+        mlflow.log_input(dataset, context=split, tags={"split_note": d.split_note[:250]})

@@ -11,8 +11,9 @@ from typing import Any
 import ray
 from ray import tune
 
-from embed_lib.cli_args import (add_data_flags, add_encoder_flags, add_mlflow_flags, add_teacher_flags, encoder_config,
-                                teacher_config, teacher_progress, teacher_summary)
+from embed_lib.cli_args import (add_custom_data_flags, add_data_flags, add_encoder_flags, add_mlflow_flags,
+                                add_teacher_flags, encoder_config, resolve_task, teacher_config, teacher_progress,
+                                teacher_summary)
 from embed_lib.config import AdapterConfig
 from sweeps.mlflow_callback import MLflowTrialCallback, close_orphans
 from sweeps.report import finish_sweep
@@ -47,7 +48,10 @@ def parse_grid(items: list[str], file: str | None) -> dict[str, list[Any]]:
 def add_sweep_args(p, *, default_samples: int) -> None:
     from embed_lib.tasks import task_names
 
-    p.add_argument("--task", default="stsb", choices=task_names(), help="the task to sweep (default stsb)")
+    p.add_argument("--task", default="stsb", help=f"the task to sweep: one of {task_names()} (default stsb), or your "
+                                                  "own pairs: a .csv / .tsv / .jsonl / .parquet file or hf:<dataset id> "
+                                                  "(inside --working-dir, or a path every node can read)")
+    add_custom_data_flags(p)
     add_encoder_flags(p, tau_attn=False)
     p.add_argument("--tau-attn-values", default="1.0",
                    help="comma list of encoder attention temperatures offered to the search (each one is "
@@ -147,7 +151,7 @@ def _precompute_all(args, cache_dir: Path, limit: int | None, transfer: list[str
 def _log_sweep_inputs(args, name: str, fixed: dict[str, Any], studies: dict, record, transfer: list[str]) -> None:
     import mlflow
 
-    from embed_lib.tracking import git_info
+    from embed_lib.tracking import git_info, log_task_inputs
 
     mlflow.log_params({"search": args.search, "num_samples": args.num_samples, "seeds": args.seeds,
                        "max_concurrent": args.max_concurrent, "tau_attn_values": args.tau_attn_values,
@@ -155,6 +159,7 @@ def _log_sweep_inputs(args, name: str, fixed: dict[str, Any], studies: dict, rec
                        "teacher_preset": "none" if record is None else record.get("preset", "custom"),
                        **{f"fixed.{k}": v for k, v in fixed.items()}})
     mlflow.set_tags({**git_info(), "command": " ".join(sys.argv), "sweep": name, "task": args.task})
+    log_task_inputs(args.task, args.data_dir)
     mlflow.log_dict({str(t): s.manifest for t, s in studies.items()}, "cache_manifest.json")
     mlflow.log_dict({k: str(v) for k, v in ray.cluster_resources().items()}, "cluster_resources.json")
     if record:
@@ -205,6 +210,7 @@ def run_sweep(args, script: str, space_fn, space_keys: list[str], fixed: dict[st
     from embed_lib.config import default_cache_dir
 
     t0 = time.perf_counter()
+    args.task = resolve_task(args, args.task)  # a pair file is validated before Ray, MLflow or the cache see it
     limit = 48 if args.smoke_test else args.limit
     if args.smoke_test:
         args.num_samples, args.seeds, args.epochs = min(args.num_samples, 3), 2, 2
@@ -269,6 +275,11 @@ def sweep_main(doc: str, script: str, space_fn, space_keys: list[str], fixed: di
 
     parser = argparse.ArgumentParser(description=doc, formatter_class=argparse.RawDescriptionHelpFormatter)
     add_sweep_args(parser, default_samples=32)
-    out = run_sweep(parser.parse_args(), script, space_fn, space_keys, fixed, start_points)
+    args = parser.parse_args()
+    try:  # a pair file that fails validation: one line naming file, row, column and rule; nothing started
+        args.task = resolve_task(args, args.task)
+    except (ValueError, FileNotFoundError, RuntimeError) as exc:
+        parser.exit(2, f"error: {exc}\n")
+    out = run_sweep(args, script, space_fn, space_keys, fixed, start_points)
     print(json.dumps({k: v for k, v in out.items() if k not in ("summary", "config")}, default=str))
 

@@ -14,6 +14,7 @@ import ray
 from ray import tune
 
 from embed_lib.config import AdapterConfig
+from embed_lib.tasks import CUSTOM
 
 METRIC, MODE = "val_delta_mean", "max"
 MAX_EPOCHS = 12  # the largest epoch count a space may propose (ASHA's max_t is one more)
@@ -37,6 +38,13 @@ def final_metrics(summary: dict[str, Any]) -> dict[str, float]:
     return {k: float(v) for k, v in summary.items() if k in FINAL_KEYS or k.startswith("transfer/")}
 
 
+def _load_there(load, task: str, custom):
+    """`load` in a Ray task; a custom task (read and validated on the driver) is registered there first."""
+    if custom is not None:
+        CUSTOM[task] = custom
+    return load()
+
+
 def precompute(task: str, encoder, teacher, data_dir, cache_dir, limit: int | None, workers: int = 1,
                transfer=(), progress=None):
     """(StudyData, teacher record), assembled once before any trial: sentences missing from the cache (the
@@ -51,7 +59,7 @@ def precompute(task: str, encoder, teacher, data_dir, cache_dir, limit: int | No
     if ray.cluster_resources().get("GPU", 0) >= 1:
         precompute_embeddings(task, encoder, data_dir=data_dir, cache_dir=cache_dir, workers=workers, use_gpu=True,
                               limit=limit, transfer=transfer)
-        return ray.get(ray.remote(num_cpus=1, num_gpus=1)(load).remote())
+        return ray.get(ray.remote(num_cpus=1, num_gpus=1)(_load_there).remote(load, task, CUSTOM.get(task)))
     pool = LazyPool(encoder, workers)
     try:
         return load(progress=progress, lazy=pool)

@@ -123,3 +123,38 @@ def test_per_sentence_sweep_smoke(sweep_env):
     runs = client.search_runs([exp.experiment_id], "tags.trial_id != ''")
     assert len(runs) == 3 and all(r.data.params["adapter"].startswith("per_sentence") for r in runs)
     assert all(r.data.params["epochs"] == "2" for r in runs)  # the smoke test fixes epochs; it is not searched
+
+
+def test_a_sweep_on_your_own_pair_file_through_ray_job_submit(sweep_env, tmp_path, data_dir):
+    """A CSV of pairs (other column names, scores 0-5, no split column) swept through `ray job submit`:
+    experiment sweep-<name>, the dataset as the run's input, the winner registered as pair-residual-<name>."""
+    import pandas as pd
+
+    from embed_lib.tasks import load_splits
+
+    d = load_splits("stsb", ("train",), data_dir)["train"]
+    pd.DataFrame({"q1": d.sentence1[:300], "q2": d.sentence2[:300], "sim": d.raw_label[:300]}).to_csv(
+        tmp_path / "support_pairs.csv", index=False)  # an absolute path: every node of this cluster reads it
+    out = _submit(sweep_env, "--task", str(tmp_path / "support_pairs.csv"), "--text-columns", "q1,q2",
+                  "--label-column", "sim", "--label-range", "0,5", "--smoke-test", "--no-teacher",
+                  "--transfer", "mrpc")
+    assert "SUCCEEDED" in out
+    client = _client(sweep_env)
+    exp = client.get_experiment_by_name("sweep-support_pairs")
+    (parent,) = client.search_runs([exp.experiment_id], "tags.sweep = 'pair_residual-support_pairs-smoke'")
+    assert parent.info.status == "FINISHED" and parent.data.tags["task"] == "support_pairs"
+    inputs = {i.dataset.name: i for i in parent.inputs.dataset_inputs}
+    assert set(inputs) == {"support_pairs-train", "support_pairs-validation", "support_pairs-test"}
+    assert inputs["support_pairs-train"].dataset.source and inputs["support_pairs-train"].dataset.digest
+    if parent.data.tags["winner"] != "none":  # a smoke sweep may find no winner: the rule then says why
+        assert client.get_registered_model("pair-residual-support_pairs").latest_versions
+
+
+def test_a_bad_pair_file_stops_the_sweep_before_anything_starts(tmp_path):
+    (tmp_path / "bad.csv").write_text("a,b,label\nx,y,0.5\n")
+    proc = subprocess.run([sys.executable, "sweeps/pair_residual.py", "--task", str(tmp_path / "bad.csv"),
+                           "--label-range", "0,1", "--text-columns", "a,b"], capture_output=True, text=True,
+                          cwd=REPO, timeout=120)
+    assert proc.returncode == 2
+    assert proc.stderr.strip().splitlines()[-1] == (f"error: {tmp_path / 'bad.csv'}: split 'train' has 1 pairs; at "
+                                                    "least 20 are needed.")

@@ -1,0 +1,147 @@
+"""Your own pairs as a task: file formats, label kinds, splits, the validation rules and the commands."""
+from __future__ import annotations
+
+import json
+import subprocess
+import sys
+
+import numpy as np
+import pandas as pd
+import pytest
+
+from embed_lib.custom_tasks import CustomTask, register, slug_of
+from embed_lib.tasks import CUSTOM, load_splits
+
+SIZES = {"train": 120, "validation": 40, "test": 40}
+
+
+@pytest.fixture(scope="module")
+def pairs_frame(data_dir) -> pd.DataFrame:
+    """Real STS-B pairs under other column names, scores 0-5, a split column (what a user's CSV looks like)."""
+    stsb = load_splits("stsb", data_dir=data_dir)
+    parts, seen = [], set()
+    for split, n in SIZES.items():
+        d = stsb[split]
+        rows = [i for i in range(len(d)) if tuple(sorted((d.sentence1[i], d.sentence2[i]))) not in seen][:n]
+        seen |= {tuple(sorted((d.sentence1[i], d.sentence2[i]))) for i in rows}  # STS-B repeats a few pairs
+        parts.append(pd.DataFrame({"a": [d.sentence1[i] for i in rows], "b": [d.sentence2[i] for i in rows],
+                                   "score": d.raw_label[rows], "split": split}))
+    return pd.concat(parts, ignore_index=True)
+
+
+def _write(frame: pd.DataFrame, path) -> str:
+    suffix = path.suffix
+    if suffix == ".csv":
+        frame.to_csv(path, index=False)
+    elif suffix == ".tsv":
+        frame.to_csv(path, index=False, sep="\t")
+    elif suffix == ".jsonl":
+        frame.to_json(path, orient="records", lines=True)
+    else:
+        frame.to_parquet(path)
+    return str(path)
+
+
+@pytest.mark.parametrize("suffix", [".csv", ".tsv", ".jsonl", ".parquet"])
+def test_every_file_format_loads_the_same_pairs(pairs_frame, tmp_path, suffix):
+    path = _write(pairs_frame, tmp_path / f"My Pairs{suffix}")
+    spec = CustomTask.from_args(path, ("a", "b"), "score", (0, 5))
+    assert spec.name == "my_pairs"
+    splits = spec.load()
+    assert {k: len(v) for k, v in splits.items()} == SIZES
+    tr = splits["train"]
+    assert tr.sentence1[0] == pairs_frame["a"][0] and not tr.binary
+    np.testing.assert_allclose(tr.label, pairs_frame["score"][:120].to_numpy(dtype=float) / 5, atol=1e-6)
+    assert "split column" in tr.split_note
+
+
+def test_binary_labels_are_detected_and_a_seeded_split_is_named(pairs_frame, tmp_path):
+    frame = pairs_frame.drop(columns="split").assign(score=(pairs_frame["score"] >= 3).astype(int))
+    spec = CustomTask.from_args(_write(frame, tmp_path / "dups.csv"), ("a", "b"), "score")
+    splits = spec.load()
+    assert all(d.binary for d in splits.values())
+    assert sum(len(d) for d in splits.values()) == 200 and 130 <= len(splits["train"]) <= 150
+    assert "seeded 70/15/15 split" in splits["test"].split_note
+    again = CustomTask.from_args(_write(frame, tmp_path / "dups2.csv"), ("a", "b"), "score").load()
+    assert again["test"].sentence1 == splits["test"].sentence1  # the seed fixes the split
+
+
+def test_a_file_for_evaluation_only(pairs_frame, tmp_path):
+    frame = pairs_frame[pairs_frame.split == "test"].drop(columns="split")
+    splits = CustomTask.from_args(_write(frame, tmp_path / "eval.csv"), ("a", "b"), "score", (0, 5),
+                                  eval_split="test").load()
+    assert list(splits) == ["test"] and len(splits["test"]) == 40
+
+
+@pytest.mark.parametrize("edit,message", [
+    (lambda f: f.drop(columns="b"), "eval.csv, column 'b': column not found; the columns are"),
+    (lambda f: f.assign(a=f.a.where(f.index != 4, "  ")), "eval.csv, row 5, column 'a': text is empty."),
+    (lambda f: f.assign(score=f.score.astype(object).where(f.index != 7, "high")),
+     "eval.csv, row 8, column 'score': label must be a number; found 'high'."),
+    (lambda f: f.assign(score=f.score.where(f.index != 2, None)), "eval.csv, row 3, column 'score': label is missing."),
+    (lambda f: f.assign(score=f.score.where(f.index != 9, 7.5)),
+     "eval.csv, row 10, column 'score': label 7.5 lies outside --label-range 0,5."),
+    (lambda f: f.assign(split=f.split.where(f.index != 11, "holdout")),
+     "eval.csv, row 12, column 'split': unknown split 'holdout'"),
+    (lambda f: f[(f.split != "test") | (f.index < 165)], "split 'test' has 5 pairs; at least 10 are needed."),
+    (lambda f: pd.concat([f, f.iloc[[0]].assign(split="test")], ignore_index=True),
+     "eval.csv, row 201: the pair also appears in row 1 in split 'train'"),
+])
+def test_every_rule_names_file_row_and_column(pairs_frame, tmp_path, edit, message):
+    path = _write(edit(pairs_frame.copy()), tmp_path / "eval.csv")
+    with pytest.raises(ValueError) as e:
+        CustomTask.from_args(path, ("a", "b"), "score", (0, 5)).load()
+    assert message in str(e.value)
+
+
+def test_graded_labels_need_a_declared_scale_and_names_are_slugs(pairs_frame, tmp_path):
+    path = _write(pairs_frame, tmp_path / "graded.csv")
+    with pytest.raises(ValueError, match=r"labels range over \[0.2, 5\]: declare their scale with --label-range"):
+        CustomTask.from_args(path, ("a", "b"), "score").load()
+    with pytest.raises(ValueError, match="is a built-in task"):
+        CustomTask.from_args(path, ("a", "b"), "score", (0, 5), name="stsb")
+    with pytest.raises(ValueError, match="is not a slug"):
+        CustomTask.from_args(path, ("a", "b"), "score", (0, 5), name="My Pairs!")
+    with pytest.raises(FileNotFoundError, match="No pair file"):
+        CustomTask.from_args(str(tmp_path / "nope.csv"))
+    assert slug_of("hf:org/Some-Set:cfg") == "some-set_cfg" and slug_of("x/Q&A pairs.v2.jsonl") == "q_a_pairs_v2"
+
+
+def test_a_registered_task_trains_like_a_built_in_one(pairs_frame, tmp_path, encoder):
+    from embed_lib.config import AdapterConfig
+    from embed_lib.study import load_study
+    from embed_lib.train import train_seed_group
+
+    name = register(CustomTask.from_args(_write(pairs_frame, tmp_path / "reg.csv"), ("a", "b"), "score", (0, 5)))
+    assert name == "reg" and name in CUSTOM
+    data, _ = load_study(name)
+    r = train_seed_group(AdapterConfig(task=name, adapter="pair_ungated", target="none", epochs=2, n_seeds=2), data)
+    assert r.config.task == "reg" and np.isfinite(r.summary["delta_val_mean"])
+
+
+def _cli(*args, cwd):
+    return subprocess.run([sys.executable, "-m", "embed_lib", *args], capture_output=True, text=True, cwd=cwd,
+                          timeout=600)
+
+
+def test_baseline_command_on_a_pair_file(pairs_frame, tmp_path):
+    path = _write(pairs_frame, tmp_path / "my_pairs.csv")
+    out = tmp_path / "baseline.md"
+    proc = _cli("baseline", "--task", path, "--text-columns", "a,b", "--label-column", "score", "--label-range", "0,5",
+                "--out", str(out), cwd=tmp_path)
+    assert proc.returncode == 0, proc.stderr
+    rows = json.loads(out.with_suffix(".json").read_text())["rows"]
+    assert {(r["task"], r["split"]) for r in rows} == {("my_pairs", s) for s in SIZES}
+    assert all(0.5 < r["spearman"] <= 1 for r in rows)  # the frozen cosine on real STS-B pairs
+
+
+def test_a_bad_file_fails_in_one_line_and_writes_nothing(pairs_frame, tmp_path):
+    bad = pairs_frame.assign(score=pairs_frame.score.where(pairs_frame.index != 3, 9.0))
+    path = _write(bad, tmp_path / "bad.csv")
+    cache = tmp_path / "cache"
+    proc = _cli("train", "--task", path, "--text-columns", "a,b", "--label-column", "score", "--label-range", "0,5",
+                "--cache-dir", str(cache), "--tracking-uri", f"sqlite:///{tmp_path / 'mlflow.db'}", cwd=tmp_path)
+    assert proc.returncode == 2
+    lines = proc.stderr.strip().splitlines()
+    assert lines == [f"error: {path}, row 4, column 'score': label 9 lies outside --label-range 0,5."], proc.stderr
+    assert not cache.exists() and not (tmp_path / "mlflow.db").exists()
