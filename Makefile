@@ -5,8 +5,13 @@ PY ?= python3
 VENV := .venv
 BIN := $(VENV)/bin
 STAMP := $(VENV)/.installed
+# data: the local mirror beside the clone when it is there (then offline), else the Hugging Face Hub
+MIRROR := $(abspath ../shared/data)
+ifneq ($(wildcard $(MIRROR)/stsb/train.parquet),)
+export EMBED_DATA_DIR ?= $(MIRROR)
 export HF_HUB_OFFLINE ?= 1
-export EMBED_DATA_DIR ?= $(abspath ../shared/data)
+endif
+DATA_NOTE = data: $(if $(EMBED_DATA_DIR),the local mirror $(EMBED_DATA_DIR),the Hugging Face Hub (no mirror at $(MIRROR)))$(if $(filter 1,$(HF_HUB_OFFLINE)), -- offline,)
 export EMBED_CACHE_DIR ?= $(abspath .cache/embed_lib)
 export EMBED_STORAGE_DIR ?= $(abspath .cache/ray_results)
 export MLFLOW_TRACKING_URI ?= sqlite:///$(abspath mlflow.db)
@@ -27,6 +32,7 @@ $(STAMP): pyproject.toml
 
 ## main job: local Ray cluster -> `ray job submit` of the STS-B sweep -> champion in the MLflow registry
 run: venv
+	@echo "$(DATA_NOTE)"
 	@started=0; cluster/local.sh status >/dev/null 2>&1 || { cluster/local.sh start && started=1; }; \
 	cluster/local.sh submit -- python sweeps/pair_residual.py --task $(TASK) $(SWEEP_ARGS); rc=$$?; \
 	[[ $$started == 1 ]] && cluster/local.sh stop; \
@@ -70,6 +76,7 @@ retrieval: venv
 	$(BIN)/python -m embed_lib retrieval --task qqp
 
 test: venv
+	@echo "$(DATA_NOTE)"
 	$(BIN)/python -m pytest -q
 
 ## the API fuzz run alone (2000 generated bodies; part of `make test` too) -> results/benchmarks/fuzz.json

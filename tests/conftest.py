@@ -6,10 +6,11 @@ from pathlib import Path
 
 import pytest
 
-os.environ.setdefault("HF_HUB_OFFLINE", "1")
 REPO = Path(__file__).resolve().parents[1]
 DATA_DIR = Path(os.environ.get("EMBED_DATA_DIR", REPO.parent / "shared" / "data")).absolute()
-os.environ["EMBED_DATA_DIR"] = str(DATA_DIR)
+if (DATA_DIR / "stsb" / "train.parquet").is_file():  # the mirror: offline, as CI runs
+    os.environ["EMBED_DATA_DIR"] = str(DATA_DIR)
+    os.environ.setdefault("HF_HUB_OFFLINE", "1")
 # Ray token authentication for the tests' own cluster: decided before anything imports ray, because Ray
 # reads RAY_AUTH_MODE once per process (the file itself is written when the cluster starts)
 os.environ.setdefault("RAY_AUTH_MODE", "token")
@@ -22,10 +23,10 @@ CACHE_DIR = Path(os.environ.setdefault("EMBED_CACHE_DIR", str(REPO / ".cache" / 
 
 
 @pytest.fixture(scope="session")
-def data_dir() -> Path:
-    if not (DATA_DIR / "stsb" / "train.parquet").is_file():
-        pytest.fail(f"data mirror not found at {DATA_DIR}; set EMBED_DATA_DIR")
-    return DATA_DIR
+def data_dir() -> Path | None:
+    """The mirror when it is there, else None: the loaders then read the Hugging Face Hub (the mirror-specific
+    figures in test_tasks.py hold for the mirror only)."""
+    return DATA_DIR if (DATA_DIR / "stsb" / "train.parquet").is_file() else None
 
 
 @pytest.fixture(scope="session")
