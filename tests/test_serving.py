@@ -375,6 +375,7 @@ def test_an_encoder_mismatch_refuses_to_start(served):
         build_app({"model_uri": "models:/pair-residual-broken@champion", "tracking_uri": served["tracking_uri"]})
 
 
+@pytest.mark.slow
 def test_serve_deploy_of_the_config_through_local_sh(served, ray_cluster, tmp_path):
     """The deploy path users run (`make serve`): serving/config.yaml through `cluster/local.sh serve`, as a
     second application under /deployed beside the fixture's (removed again at the end)."""

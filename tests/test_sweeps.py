@@ -38,6 +38,7 @@ def _children(client, exp_id, parent_id):
     return client.search_runs([exp_id], f"tags.`mlflow.parentRunId` = '{parent_id}'")
 
 
+@pytest.mark.slow
 def test_smoke_sweep_through_ray_job_submit(sweep_env):
     out = _submit(sweep_env, "--task", "stsb", "--smoke-test")
     assert "SUCCEEDED" in out
@@ -59,6 +60,7 @@ def test_smoke_sweep_through_ray_job_submit(sweep_env):
         assert len(client.get_metric_history(r.info.run_id, "val_delta_mean")) >= 2  # epochs + final
 
 
+@pytest.mark.slow
 def test_grid_sweep_registers_champion_then_challenger(sweep_env):
     args = ["--task", "stsb", "--no-teacher", "--search", "grid", "--grid", "adapter=pair_gated",
             "--grid", "target=lexical", "--grid", "gamma=0.05,0.1", "--seeds", "2", "--epochs", "2",
@@ -83,6 +85,7 @@ def test_grid_sweep_registers_champion_then_challenger(sweep_env):
     assert cfg.adapter == "pair_gated" and cfg.n_seeds == 2 and manifest["encoder"] == "minilm"
 
 
+@pytest.mark.slow
 def test_resume_after_the_driver_is_killed(sweep_env):
     args = [sys.executable, "sweeps/pair_residual.py", "--task", "stsb", "--no-teacher", "--search", "grid",
             "--grid", "adapter=pair_gated", "--grid", "target=lexical", "--grid", "gamma=0.02,0.05,0.1,0.2",
@@ -125,6 +128,7 @@ def test_per_sentence_sweep_smoke(sweep_env):
     assert all(r.data.params["epochs"] == "2" for r in runs)  # the smoke test fixes epochs; it is not searched
 
 
+@pytest.mark.slow
 def test_a_sweep_on_your_own_pair_file_through_ray_job_submit(sweep_env, tmp_path, data_dir):
     """A CSV of pairs (other column names, scores 0-5, no split column) swept through `ray job submit`:
     experiment sweep-<name>, the dataset as the run's input, the winner registered as pair-residual-<name>."""
