@@ -22,18 +22,33 @@ def model_name(task: str) -> str:
     return f"pair-residual-{task}"
 
 
+def _signature():
+    """Text pairs (sentence1, sentence2) or cached vectors (emb_a, emb_b) in; score, baseline, difficulty out."""
+    from mlflow.models import ModelSignature
+    from mlflow.types import DataType
+    from mlflow.types.schema import Array, ColSpec, Schema
+
+    return ModelSignature(
+        inputs=Schema([ColSpec(DataType.string, "sentence1", required=False),
+                       ColSpec(DataType.string, "sentence2", required=False),
+                       ColSpec(Array(DataType.float), "emb_a", required=False),
+                       ColSpec(Array(DataType.float), "emb_b", required=False)]),
+        outputs=Schema([ColSpec(DataType.double, c) for c in ("score", "baseline", "difficulty")]))
+
+
 def log_adapter_model(result: GroupResult, data: StudyData, name: str = "model",
                       registered_name: str | None = None) -> Any:
     """Log the group as a pyfunc model into the active run; returns MLflow's ModelInfo."""
     import mlflow
 
     metrics = {**result.summary, **{f"baseline/{k}": v for k, v in result.baseline.items()}}
+    signature = _signature()
     with tempfile.TemporaryDirectory() as tmp:
         adapter_dir = save_adapter(Path(tmp) / "adapter", result.config, result.state_dict, data.manifest,
                                    int(data.X.shape[1]), metrics)
         return mlflow.pyfunc.log_model(
             name=name, python_model=str(MODEL_FILE), artifacts={"adapter": str(adapter_dir)},
-            code_paths=[str(PACKAGE_DIR)], registered_model_name=registered_name,
+            code_paths=[str(PACKAGE_DIR)], registered_model_name=registered_name, signature=signature,
             pip_requirements=["torch", "numpy", "pandas", "safetensors", "scipy", "scikit-learn",
                               "sentence-transformers", "mlflow"])
 

@@ -134,7 +134,12 @@ def set_experiment(name: str, tracking_uri: str | None = None):
         except Exception:  # created concurrently by another process: use theirs
             if mlflow.get_experiment_by_name(name) is None:
                 raise
-    return mlflow.set_experiment(name)
+    experiment = mlflow.set_experiment(name)
+    # MLflow 3's UI opens an experiment of unknown kind on its GenAI view: mark ours as model training
+    if experiment.tags.get("mlflow.experimentKind") != "custom_model_development":
+        mlflow.MlflowClient(uri).set_experiment_tag(experiment.experiment_id, "mlflow.experimentKind",
+                                                    "custom_model_development")
+    return experiment
 
 
 def _dataset_source(where: str) -> str:

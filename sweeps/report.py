@@ -136,9 +136,12 @@ def finish_sweep(results, data, fixed: dict[str, Any], space_keys: list[str], ta
     winner = select_winner(done, tolerance=tolerance)
     out: dict[str, Any] = {"complete": len(done), "stopped_early": len(stopped), "winner": None}
     mlflow.set_tag("winner_rule", rule_text(tolerance))
+    swept = (f"Sweep of `{task}`: {len(done)} configurations complete, {len(stopped)} stopped early by ASHA, "
+             f"{fixed.get('n_seeds', '?')} seeds each; searched: {', '.join(space_keys) or 'nothing'}; fixed: "
+             f"{', '.join(f'{k}={v}' for k, v in fixed.items())}.\n\nWinner rule: {rule_text(tolerance)}.\n\n")
     if winner is None:
         msg = no_winner_reason(done, tolerance) + " Nothing registered."
-        mlflow.set_tags({"winner": "none", "no_winner_reason": msg})
+        mlflow.set_tags({"winner": "none", "no_winner_reason": msg, "mlflow.note.content": swept + msg})
         log_fn(msg)
         out["reason"] = msg
         return out
@@ -150,7 +153,11 @@ def finish_sweep(results, data, fixed: dict[str, Any], space_keys: list[str], ta
         version = str(info.registered_model_version)
         alias = promote(model_name(task), version, result.summary[SELECTION_METRIC])
         _describe_version(task, version, result, tolerance, teacher)
-    mlflow.set_tags({"winner": winner["trial"], "winner_version": version, "winner_alias": alias})
+    mlflow.set_tags({"winner": winner["trial"], "winner_version": version, "winner_alias": alias,
+                     "mlflow.note.content": swept + f"Winner: trial {winner['trial']} ({cfg.adapter}, target "
+                     f"{cfg.target}), validation delta {result.summary['delta_val_mean']:+.4f}, test delta "
+                     f"{result.summary['delta_test_mean']:+.4f}; registered {model_name(task)} version {version} "
+                     f"as '{alias}'. Leaderboard: leaderboard.md."})
     out.update(winner=winner["trial"], version=version, alias=alias, config=cfg.to_dict(), summary=result.summary)
     s = result.summary
     transfer = ", ".join(f"{k.split('/')[1]} {v:+.4f}" for k, v in s.items()

@@ -53,6 +53,11 @@ def test_smoke_sweep_through_ray_job_submit(sweep_env):
     trials = [r for r in _children(client, exp.experiment_id, parent.info.run_id) if "trial_id" in r.data.tags]
     assert len(trials) == 3 and all(r.info.status == "FINISHED" for r in trials)
     assert parent.data.params["transfer"] == "mrpc,paws,qqp" and "winner_rule" in parent.data.tags
+    # what a person reads in the MLflow UI: the run's description, the experiment opened as model training
+    assert "Winner rule:" in parent.data.tags["mlflow.note.content"] and "3 configurations complete" in \
+        parent.data.tags["mlflow.note.content"]
+    assert exp.tags["mlflow.experimentKind"] == "custom_model_development"
+    assert {i.dataset.name for i in parent.inputs.dataset_inputs} == {"stsb-train", "stsb-validation", "stsb-test"}
     for r in trials:
         assert {"delta_val_mean", "delta_val_positive", "val_delta_mean", "transfer_delta_min",
                 "transfer/paws/delta_min", "transfer/qqp/delta_mean"} <= set(r.data.metrics)
