@@ -16,6 +16,7 @@ import numpy as np
 from embed_lib.cache import EmbeddingCache, embed_task
 from embed_lib.config import EncoderConfig, default_cache_dir
 from embed_lib.encoders import encoder_manifest
+from embed_lib.progress import Progress
 
 
 class _EncoderActor:
@@ -58,7 +59,13 @@ class DistributedEncoder:
             return np.zeros((0, int(self._manifest["dim"])), np.float32)
         shards = [texts[i: i + self.shard_size] for i in range(0, len(texts), self.shard_size)]
         pool = ActorPool(self.actors)
-        return np.concatenate(list(pool.map(lambda a, shard: a.encode.remote(shard), shards)))  # map keeps order
+        progress = Progress(len(texts), f"encode {self.config.model} ({len(self.actors)} Ray actors)")
+        out = []
+        for vectors in pool.map(lambda a, shard: a.encode.remote(shard), shards):  # map keeps order
+            out.append(vectors)
+            progress.update(len(vectors))
+        progress.close()
+        return np.concatenate(out)
 
     def shutdown(self) -> None:
         import ray

@@ -22,6 +22,7 @@ import numpy as np
 import torch
 
 from embed_lib.config import ENCODER_ALIASES, EncoderConfig
+from embed_lib.progress import Progress
 
 log = logging.getLogger(__name__)
 
@@ -162,18 +163,18 @@ class FrozenEncoder:
         order = np.argsort([-len(t) for t in texts], kind="stable")
         bs = self.config.batch_size
         show = n > 4 * bs if show_progress is None else show_progress
-        starts = range(0, n, bs)
-        if show:
-            from tqdm.auto import tqdm
-
-            starts = tqdm(starts, desc=f"encode {self.config.model}", unit="batch", mininterval=2.0)
-        for start in starts:
+        progress = Progress(n, f"encode {self.config.model}") if show else None
+        for start in range(0, n, bs):
             idx = order[start: start + bs]
             features = self.model.preprocess([texts[i] for i in idx])
             features = {k: v.to(self.device) if isinstance(v, torch.Tensor) else v for k, v in features.items()}
             for module in self._modules:
                 features = module(features)
             out[idx] = features["sentence_embedding"].float().cpu().numpy()
+            if progress is not None:
+                progress.update(len(idx))
+        if progress is not None:
+            progress.close()
         return out
 
 

@@ -222,6 +222,8 @@ def run_sweep(args, script: str, space_fn, space_keys: list[str], fixed: dict[st
     storage = Path(args.storage_path or os.environ.get("EMBED_STORAGE_DIR") or Path.cwd() / ".cache" / "ray_results").absolute()
     cache_dir = Path(args.cache_dir).absolute() if args.cache_dir else default_cache_dir()
     os.environ.setdefault("TUNE_GLOBAL_CHECKPOINT_S", "2")  # experiment state on disk often: --resume loses little
+    # a job's output is a log: MLflow's per-file download bars would print a screen of lines per model
+    os.environ.setdefault("MLFLOW_ENABLE_ARTIFACTS_PROGRESS_BAR", "false")
     # 1. Ray: the cluster named by --address / $RAY_ADDRESS, else a local one
     ray.init(address=args.address, ignore_reinit_error=True, log_to_driver=False)
     # 2. MLflow: the sweep's parent run (reopened on --resume); the driver is the only writer

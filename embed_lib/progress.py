@@ -1,0 +1,44 @@
+"""Counted progress for long steps (encoding, precompute): a bar on a terminal; in a log (a Ray job's
+output, CI) one line every `every_s` seconds with the count, the rate and an ETA, and one at the end."""
+from __future__ import annotations
+
+import sys
+import time
+from typing import TextIO
+
+
+class Progress:
+    def __init__(self, total: int, label: str, unit: str = "sentences", every_s: float = 10.0,
+                 stream: TextIO | None = None) -> None:
+        self.total, self.label, self.unit, self.every_s = total, label, unit, every_s
+        self.stream = stream or sys.stderr
+        self.done, self.t0 = 0, time.perf_counter()
+        self._last = self.t0
+        self._bar = None
+        if getattr(self.stream, "isatty", lambda: False)():
+            from tqdm.auto import tqdm
+
+            self._bar = tqdm(total=total, desc=label, unit=unit[:4], mininterval=1.0, file=self.stream)
+
+    def line(self) -> str:
+        el = time.perf_counter() - self.t0
+        rate = self.done / el if el > 0 else 0.0
+        eta = (self.total - self.done) / rate if rate > 0 else float("nan")
+        return (f"{self.label}: {self.done}/{self.total} {self.unit} ({100 * self.done / max(self.total, 1):.0f}%), "
+                f"{rate:.0f}/s, " + (f"ETA {eta:.0f}s" if self.done < self.total else f"done in {el:.0f}s"))
+
+    def update(self, n: int) -> None:
+        self.done += n
+        if self._bar is not None:
+            self._bar.update(n)
+            return
+        now = time.perf_counter()
+        if now - self._last >= self.every_s:
+            self._last = now
+            print(self.line(), file=self.stream, flush=True)
+
+    def close(self) -> None:
+        if self._bar is not None:
+            self._bar.close()
+        elif time.perf_counter() - self.t0 >= self.every_s:  # short steps stay quiet
+            print(self.line(), file=self.stream, flush=True)

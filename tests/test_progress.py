@@ -1,0 +1,26 @@
+"""Progress of long steps: in a log, a line per interval with count, rate and ETA, never a bar."""
+from __future__ import annotations
+
+import io
+
+from embed_lib.progress import Progress
+
+
+def test_progress_in_a_log_prints_counted_lines_with_an_eta():
+    out = io.StringIO()  # not a terminal: no bar, no carriage returns
+    p = Progress(100, "encode minilm", every_s=0.0, stream=out)
+    p.update(25)
+    p.update(75)
+    p.close()
+    lines = out.getvalue().splitlines()
+    assert lines[0].startswith("encode minilm: 25/100 sentences (25%),") and "ETA" in lines[0]
+    assert lines[-1].startswith("encode minilm: 100/100 sentences (100%)") and "done in" in lines[-1]
+    assert "\r" not in out.getvalue()
+
+
+def test_short_steps_stay_quiet():
+    out = io.StringIO()
+    p = Progress(10, "encode", every_s=60.0, stream=out)
+    p.update(10)
+    p.close()
+    assert out.getvalue() == ""
