@@ -43,7 +43,10 @@ def cache_key(manifest: Mapping[str, Any]) -> str:
     missing = [f for f in KEY_FIELDS if f not in manifest]
     if missing:
         raise ValueError(f"Encoder manifest lacks {missing}; expected the fields {list(KEY_FIELDS)}.")
-    blob = json.dumps({f: manifest[f] for f in KEY_FIELDS}, sort_keys=True)
+    fields = {f: manifest[f] for f in KEY_FIELDS}
+    if manifest.get("prompt"):  # only when set: caches made without a prompt keep their keys
+        fields["prompt"] = manifest["prompt"]
+    blob = json.dumps(fields, sort_keys=True)
     return hashlib.sha256(blob.encode()).hexdigest()[:20]
 
 
@@ -51,7 +54,7 @@ def manifest_mismatch(trained: Mapping[str, Any], here: Mapping[str, Any]) -> di
     """{field: (trained, here)} where two encoder manifests give different vectors; {} when they agree."""
     if cache_key(trained) == cache_key(here):
         return {}
-    return {f: (trained.get(f), here.get(f)) for f in KEY_FIELDS if trained.get(f) != here.get(f)}
+    return {f: (trained.get(f), here.get(f)) for f in (*KEY_FIELDS, "prompt") if trained.get(f) != here.get(f)}
 
 
 def _checksum(arr: np.ndarray) -> str:

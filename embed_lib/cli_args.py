@@ -33,12 +33,16 @@ def add_encoder_flags(p: argparse.ArgumentParser, tau_attn: bool = True) -> None
     p.add_argument("--max-seq-length", type=int, default=None, help="truncation length (default: the model's)")
     p.add_argument("--encode-batch-size", type=int, default=64, help="encoding batch size (default: 64)")
     p.add_argument("--device", default=None, help="cpu, cuda, cuda:1 (default: best available)")
+    p.add_argument("--prompt-name", default=None, help="a prompt of the encoder's own put before every sentence "
+                                                       "(e.g. query for Qwen/Qwen3-Embedding-0.6B)")
+    p.add_argument("--prompt", default=None, help="a prompt text put before every sentence (instead of --prompt-name)")
 
 
 def encoder_config(args: argparse.Namespace, tau_attn: float | None = None) -> EncoderConfig:
     tau = tau_attn if tau_attn is not None else getattr(args, "tau_attn", 1.0)
     return EncoderConfig(model=args.encoder, revision=args.revision, tau_attn=tau,
-                         max_seq_length=args.max_seq_length, batch_size=args.encode_batch_size, device=args.device)
+                         max_seq_length=args.max_seq_length, batch_size=args.encode_batch_size, device=args.device,
+                         prompt_name=args.prompt_name, prompt=args.prompt)
 
 
 def add_mlflow_flags(p: argparse.ArgumentParser, default_experiment: str, optional: bool = True) -> None:

@@ -56,6 +56,10 @@ class EncoderConfig:
     dtype: str = "float32"
     #: "cpu", "cuda", "cuda:1", ... or None for the best available device.
     device: str | None = None
+    #: a prompt of the model's own (its `prompts`, e.g. "query" for Qwen3-Embedding) put before every sentence
+    prompt_name: str | None = None
+    #: a prompt text put before every sentence (instead of prompt_name)
+    prompt: str | None = None
 
     def __post_init__(self) -> None:
         if not isinstance(self.model, str) or not self.model.strip():
@@ -65,6 +69,8 @@ class EncoderConfig:
         _check_int("EncoderConfig.batch_size", self.batch_size, 1, 4096)
         if self.dtype not in DTYPES:
             raise ValueError(f"EncoderConfig.dtype={self.dtype!r}; allowed {list(DTYPES)}.")
+        if self.prompt is not None and self.prompt_name is not None:
+            raise ValueError("EncoderConfig: give prompt or prompt_name, not both.")
 
     def to_dict(self) -> dict[str, Any]:
         return dataclasses.asdict(self)
@@ -74,7 +80,8 @@ class EncoderConfig:
         """The configuration that reproduces an encoder manifest's vectors (model, revision, TempScale,
         truncation, dtype); `overrides` set what does not change them (batch_size, device)."""
         return cls(model=manifest["encoder"], revision=manifest.get("revision"), tau_attn=manifest["tau_attn"],
-                   max_seq_length=manifest["max_seq_length"], dtype=manifest.get("dtype", "float32"), **overrides)
+                   max_seq_length=manifest["max_seq_length"], dtype=manifest.get("dtype", "float32"),
+                   prompt=manifest.get("prompt"), **overrides)
 
 
 def default_cache_dir() -> Path:

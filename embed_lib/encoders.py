@@ -89,7 +89,18 @@ class FrozenEncoder:
         self._modules = [m for m in self.model if not isinstance(m, Normalize)]
         self.normalize_dropped = len(self._modules) != len(self.model)
         self.n_scaled_attention = self._apply_tau_attn(self.config.tau_attn)
+        self.prompt = self._resolve_prompt()
         self._fingerprint: str | None = None
+
+    def _resolve_prompt(self) -> str | None:
+        """The text put before every sentence: `prompt`, or the model's prompt named `prompt_name`."""
+        if self.config.prompt_name is None:
+            return self.config.prompt or None
+        prompts = getattr(self.model, "prompts", None) or {}
+        if self.config.prompt_name not in prompts:
+            raise ValueError(f"Encoder {self.config.model!r} has no prompt named {self.config.prompt_name!r}; its "
+                             f"prompts: {sorted(prompts)}. Give --prompt TEXT instead.")
+        return prompts[self.config.prompt_name]
 
     def _apply_tau_attn(self, tau_attn: float) -> int:
         if tau_attn == 1.0:
@@ -147,6 +158,7 @@ class FrozenEncoder:
             "dtype": self.config.dtype,
             "dim": self.dim,
             "encoder_path_version": ENCODER_PATH_VERSION,
+            **({"prompt": self.prompt, "prompt_name": self.config.prompt_name} if self.prompt else {}),
             "versions": {"torch": torch.__version__.split("+")[0], "transformers": transformers.__version__,
                          "sentence_transformers": sentence_transformers.__version__},
         }
@@ -166,7 +178,7 @@ class FrozenEncoder:
         progress = Progress(n, f"encode {self.config.model}") if show else None
         for start in range(0, n, bs):
             idx = order[start: start + bs]
-            features = self.model.preprocess([texts[i] for i in idx])
+            features = self.model.preprocess([texts[i] for i in idx], prompt=self.prompt)
             features = {k: v.to(self.device) if isinstance(v, torch.Tensor) else v for k, v in features.items()}
             for module in self._modules:
                 features = module(features)
