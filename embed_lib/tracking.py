@@ -122,11 +122,22 @@ def default_artifact_root(tracking_uri: str) -> str:
     return str((Path.cwd() / "mlartifacts").absolute())
 
 
+def init_store(tracking_uri: str) -> None:
+    """Create a new sqlite store with the absolute artifact root: MLflow would give its `Default`
+    experiment `./mlruns` under the current directory, which in a Ray job is a temporary copy of the tree."""
+    if not tracking_uri.startswith("sqlite:///") or Path(tracking_uri[len("sqlite:///"):]).exists():
+        return
+    from mlflow.store.tracking.sqlalchemy_store import SqlAlchemyStore
+
+    SqlAlchemyStore(tracking_uri, Path(default_artifact_root(tracking_uri)).as_uri())
+
+
 def set_experiment(name: str, tracking_uri: str | None = None):
     """mlflow.set_experiment, creating the experiment with an absolute artifact location if it is new."""
     import mlflow
 
     uri = tracking_uri or mlflow.get_tracking_uri()
+    init_store(uri)
     mlflow.set_tracking_uri(uri)
     if mlflow.get_experiment_by_name(name) is None:
         try:

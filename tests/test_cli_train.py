@@ -36,3 +36,21 @@ def test_train_rejects_bad_options(capsys):
     assert "AdapterConfig.gamma=3.0 is out of range" in capsys.readouterr().err
     assert main(["train", "--task", "stsb", "--target", "ce_margin", "--no-teacher", "--no-mlflow"]) == 2
     assert "--target ce_margin needs the teacher" in capsys.readouterr().err
+
+
+def test_a_new_store_keeps_every_artifact_beside_it(tmp_path, monkeypatch):
+    """The store's Default experiment and ours put artifacts beside the sqlite file, never under the current
+    directory (a Ray job's temporary copy of the tree), and ours opens as model training in MLflow 3's UI."""
+    import mlflow
+
+    from embed_lib.tracking import set_experiment
+
+    monkeypatch.chdir(tmp_path)
+    monkeypatch.delenv("MLFLOW_ARTIFACT_ROOT", raising=False)
+    (tmp_path / "store").mkdir()
+    uri = f"sqlite:///{tmp_path / 'store' / 'mlflow.db'}"
+    set_experiment("mine", uri)
+    experiments = {e.name: e for e in mlflow.MlflowClient(uri).search_experiments()}
+    beside = (tmp_path / "store" / "mlartifacts").as_uri()
+    assert all(e.artifact_location.startswith(beside) for e in experiments.values()), experiments
+    assert experiments["mine"].tags["mlflow.experimentKind"] == "custom_model_development"
