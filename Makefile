@@ -36,7 +36,7 @@ run: venv
 	@started=0; cluster/local.sh status >/dev/null 2>&1 || { cluster/local.sh start && started=1; }; \
 	cluster/local.sh submit -- python sweeps/pair_residual.py --task $(TASK) $(SWEEP_ARGS); rc=$$?; \
 	[[ $$started == 1 ]] && cluster/local.sh stop; \
-	echo "MLflow store: $(MLFLOW_TRACKING_URI) -- browse it with: make mlflow-ui (http://127.0.0.1:$(MLFLOW_PORT))"; \
+	echo "MLflow store: $(MLFLOW_TRACKING_URI) -- browse it with: make mlflow-ui (http://127.0.0.1:$(MLFLOW_PORT)/#/experiments?workflowType=machine_learning)"; \
 	exit $$rc
 
 ## the same sweep in this process (a local Ray started by the script), no job submission

@@ -102,13 +102,14 @@ def cmd_train(args: argparse.Namespace) -> int:
     if not args.no_mlflow:
         import mlflow
 
-        from embed_lib.tracking import default_tracking_uri, log_group, log_task_inputs, set_experiment
+        from embed_lib.tracking import default_tracking_uri, log_group, log_task_inputs, set_experiment, ui_link
 
         set_experiment(args.experiment or f"embed_lib-{args.task}", args.tracking_uri or default_tracking_uri())
         with mlflow.start_run(run_name=f"{cfg.adapter}-{cfg.control}-{cfg.target}") as run:
             log_group(result, data, record)
             log_task_inputs(args.task, args.data_dir)
-        print(f"MLflow run {run.info.run_id} at {mlflow.get_tracking_uri()}")
+        print(f"MLflow run {run.info.run_id} at {mlflow.get_tracking_uri()}; UI (make mlflow-ui): "
+              f"{ui_link(run.info.experiment_id, run.info.run_id)}")
     return 0
 
 

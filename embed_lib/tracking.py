@@ -122,6 +122,13 @@ def default_artifact_root(tracking_uri: str) -> str:
     return str((Path.cwd() / "mlartifacts").absolute())
 
 
+def ui_link(experiment_id: str, run_id: str | None = None, port: int | None = None) -> str:
+    """The MLflow UI page of an experiment (or run) as `make mlflow-ui` serves it, on the model-training view."""
+    port = port or int(os.environ.get("MLFLOW_PORT", "5000"))
+    page = f"experiments/{experiment_id}" + (f"/runs/{run_id}" if run_id else "")
+    return f"http://127.0.0.1:{port}/#/{page}?workflowType=machine_learning"
+
+
 def init_store(tracking_uri: str) -> None:
     """Create a new sqlite store with the absolute artifact root: MLflow would give its `Default`
     experiment `./mlruns` under the current directory, which in a Ray job is a temporary copy of the tree."""
@@ -146,7 +153,9 @@ def set_experiment(name: str, tracking_uri: str | None = None):
             if mlflow.get_experiment_by_name(name) is None:
                 raise
     experiment = mlflow.set_experiment(name)
-    # MLflow 3's UI opens an experiment of unknown kind on its GenAI view: mark ours as model training
+    # MLflow 3 opens experiments on its GenAI view unless told otherwise: the kind tag says "model training"
+    # to the UIs that read it; 3.17's UI follows its global GenAI / Model training switch, which the links
+    # we print set (`ui_link`)
     if experiment.tags.get("mlflow.experimentKind") != "custom_model_development":
         mlflow.MlflowClient(uri).set_experiment_tag(experiment.experiment_id, "mlflow.experimentKind",
                                                     "custom_model_development")

@@ -257,7 +257,10 @@ def run_sweep(args, script: str, space_fn, space_keys: list[str], fixed: dict[st
     out.update(parent_run_id=parent.info.run_id, experiment_id=experiment.experiment_id, tracking_uri=tracking_uri,
                stages=stages)
     print("stages: " + ", ".join(f"{k[:-2]} {v:.0f}s" for k, v in stages.items()))
-    print(f"MLflow: {tracking_uri} experiment '{experiment.name}', sweep run {parent.info.run_id}. UI: make mlflow-ui")
+    from embed_lib.tracking import ui_link
+
+    print(f"MLflow: {tracking_uri} experiment '{experiment.name}', sweep run {parent.info.run_id}. UI: make mlflow-ui, "
+          f"then {ui_link(experiment.experiment_id, parent.info.run_id)}")
     return out
 
 
