@@ -15,6 +15,7 @@ import dataclasses
 import sys
 
 from embed_lib.config import EncoderConfig
+from embed_lib.tasks import SPLITS
 
 
 def add_data_flags(p: argparse.ArgumentParser) -> None:
@@ -172,7 +173,7 @@ def add_custom_data_flags(p: argparse.ArgumentParser) -> None:
     g.add_argument("--split-column", default="split",
                    help="column naming each row's split (train / validation / test; default split); without it a "
                         "seeded 70/15/15 split is made")
-    g.add_argument("--split", default=None, choices=["train", "validation", "test"],
+    g.add_argument("--split", default=None, choices=SPLITS,
                    help="the whole file is this split (e.g. test: a file used only for evaluation)")
     g.add_argument("--task-name", default=None, help="the task's name (a slug; default from the file name): experiment "
                                                 "sweep-<name>, registered model pair-residual-<name>")

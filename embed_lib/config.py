@@ -7,12 +7,11 @@ from __future__ import annotations
 
 import dataclasses
 import os
-import re
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from embed_lib.tasks import task_names
+from embed_lib.tasks import TASK_SLUG, task_names
 
 #: Alias -> sentence-transformers id. Aliases resolve to packaged weights when they are
 #: installed (offline), otherwise to the Hub id.
@@ -157,7 +156,7 @@ class AdapterConfig:
 
     def __post_init__(self) -> None:
         # a custom task is registered in the process that read its file; elsewhere (a Ray trial) its slug stands
-        if self.task not in task_names() and not re.fullmatch(r"[a-z0-9][a-z0-9_-]{0,47}", str(self.task)):
+        if self.task not in task_names() and not TASK_SLUG.fullmatch(str(self.task)):
             raise ValueError(f"Unknown task {self.task!r}. Valid tasks: {task_names()} or a custom task's name.")
         if self.adapter not in FORMS:
             raise ValueError(f"Unknown adapter {self.adapter!r}. Valid adapters: {list(FORMS)}.")

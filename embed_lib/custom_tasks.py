@@ -21,9 +21,7 @@ from pathlib import Path
 import numpy as np
 import pandas as pd
 
-from embed_lib.tasks import CUSTOM, DERIVED_FRACTIONS, DERIVED_SEED, SPLITS, PairData, task_names
-
-SLUG = re.compile(r"[a-z0-9][a-z0-9_-]{0,47}")
+from embed_lib.tasks import CUSTOM, DERIVED_FRACTIONS, DERIVED_SEED, SPLITS, TASK_SLUG, PairData, task_names
 SPLIT_NAMES = {"train": "train", "training": "train", "validation": "validation", "val": "validation",
                "valid": "validation", "dev": "validation", "test": "test", "testing": "test"}
 #: the fewest pairs a split may have (a Spearman on fewer says little)
@@ -53,7 +51,7 @@ class CustomTask:
                   label_range=None, binary: bool = False, split_column: str = "split", eval_split: str | None = None,
                   name: str | None = None) -> "CustomTask":
         name = name or slug_of(source)
-        if not SLUG.fullmatch(name):
+        if not TASK_SLUG.fullmatch(name):
             raise ValueError(f"Task name {name!r} is not a slug: use lowercase letters, digits, '_' and '-' "
                              "(at most 48), e.g. --task-name my_pairs.")
         if name in task_names():

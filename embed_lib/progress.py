@@ -4,18 +4,20 @@ from __future__ import annotations
 
 import sys
 import time
-from typing import TextIO
+from typing import Callable, TextIO
 
 
 class Progress:
     def __init__(self, total: int, label: str, unit: str = "sentences", every_s: float = 10.0,
-                 stream: TextIO | None = None) -> None:
+                 stream: TextIO | None = None, emit: Callable[[str], None] | None = None) -> None:
+        """emit: where the lines go (a caller's progress printer) instead of `stream`; never a bar."""
         self.total, self.label, self.unit, self.every_s = total, label, unit, every_s
         self.stream = stream or sys.stderr
+        self.emit = emit or (lambda line: print(line, file=self.stream, flush=True))
         self.done, self.t0 = 0, time.perf_counter()
         self._last = self.t0
         self._bar = None
-        if getattr(self.stream, "isatty", lambda: False)():
+        if emit is None and getattr(self.stream, "isatty", lambda: False)():
             from tqdm.auto import tqdm
 
             self._bar = tqdm(total=total, desc=label, unit=unit[:4], mininterval=1.0, file=self.stream)
@@ -35,10 +37,10 @@ class Progress:
         now = time.perf_counter()
         if now - self._last >= self.every_s:
             self._last = now
-            print(self.line(), file=self.stream, flush=True)
+            self.emit(self.line())
 
     def close(self) -> None:
         if self._bar is not None:
             self._bar.close()
         elif time.perf_counter() - self.t0 >= self.every_s:  # short steps stay quiet
-            print(self.line(), file=self.stream, flush=True)
+            self.emit(self.line())

@@ -16,6 +16,7 @@ from __future__ import annotations
 
 import hashlib
 import os
+import re
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Mapping, Sequence
@@ -100,6 +101,8 @@ TASKS: dict[str, TaskSpec] = {
 
 #: tasks registered from the user's own files (embed_lib.custom_tasks.register): name -> (spec, splits)
 CUSTOM: dict[str, tuple] = {}
+#: what a custom task's name looks like (it names an experiment and a registered model)
+TASK_SLUG = re.compile(r"[a-z0-9][a-z0-9_-]{0,47}")
 
 
 def task_names() -> list[str]:

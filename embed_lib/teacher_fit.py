@@ -13,6 +13,8 @@ from typing import TYPE_CHECKING, Any, Callable
 import numpy as np
 import torch
 
+from embed_lib.progress import Progress
+
 if TYPE_CHECKING:
     from embed_lib.teacher import TeacherConfig
 
@@ -104,7 +106,9 @@ def _fit_epochs(ce, pairs, y, cfg, g: np.random.Generator, es_pairs, es_y, progr
         t0, loss_sum = time.perf_counter(), 0.0
         batches = (length_batches(lengths, cfg.batch_size, g) if cfg.length_buckets
                    else np.array_split(g.permutation(len(pairs)), steps_per_epoch))
-        for b, idx in enumerate(batches):
+        ticker = None if progress is None else Progress(len(batches), f"epoch {epoch}/{cfg.epochs}", "batches",
+                                                         emit=progress)
+        for idx in batches:
             loss = loss_fn(logits(ce, [pairs[j] for j in idx]), yt[idx].to(ce.device))
             opt.zero_grad(set_to_none=True)
             loss.backward()
@@ -112,10 +116,8 @@ def _fit_epochs(ce, pairs, y, cfg, g: np.random.Generator, es_pairs, es_y, progr
             opt.step()
             sched.step()
             loss_sum += float(loss.detach()) * len(idx)
-            if progress is not None and (b + 1) % 100 == 0:
-                done = (b + 1) / len(batches)
-                el = time.perf_counter() - t0
-                progress(f"epoch {epoch}/{cfg.epochs}: {b + 1}/{len(batches)} batches, ETA {el / done - el:.0f}s")
+            if ticker is not None:
+                ticker.update(1)
         model.eval()
         seconds = time.perf_counter() - t0
         point = {"epoch": epoch, "train_loss": loss_sum / len(pairs), "seconds": round(seconds, 1),

@@ -216,8 +216,8 @@ class Ingress:
                                 f"{self.args.max_warm_sync} (max_warm_sync). Submit larger corpora as a background "
                                 "job: POST /v1/warm/jobs, then GET /v1/warm/jobs/{id}.", "texts")
         check_texts("texts", body.texts, self.args.max_text_chars)
-        added = await self._guarded(self.encoder.warm.remote(body.texts))
-        await self._guarded(self.scorer.fetch(list(dict.fromkeys(body.texts)), self._embed))  # and the near cache
+        added, vectors = await self._guarded(self.encoder.warm.remote(body.texts, return_vectors=True))
+        self.scorer.add_vectors(list(vectors), list(vectors.values()))  # this replica's near cache, same call
         return {"added": added, "cache": await self.encoder.stats.remote(), "near_cache": self.scorer.near.stats()}
 
     @api.post("/v1/warm/jobs", status_code=202, response_model=WarmJob, responses=error_responses(400, 422, 500, 503))

@@ -115,15 +115,19 @@ class Encoder:
                 found[t] = v
         return np.stack([found[t] for t in texts]) if texts else np.zeros((0, self.manifest["dim"]), np.float32)
 
-    async def warm(self, texts: list[str]) -> int:
-        """Encode the texts not cached yet, in chunks; returns how many were new."""
-        new = [t for t in dict.fromkeys(texts) if t not in self.cache]
+    async def warm(self, texts: list[str], return_vectors: bool = False):
+        """Encode the texts not cached yet, in chunks; returns how many were new, and with return_vectors
+        also {text: vector} of every text (what the ingress's near cache takes, in the same call)."""
+        distinct = list(dict.fromkeys(texts))
+        vectors, new = self.cache.get_many(distinct) if return_vectors else ({}, [t for t in distinct
+                                                                                 if t not in self.cache])
         for i in range(0, len(new), 256):
             chunk = new[i: i + 256]
             for t, v in zip(chunk, await asyncio.to_thread(encode_isolated, self._encode, chunk)):
                 if not isinstance(v, Exception):
                     self.cache.put(t, v)
-        return len(new)
+                    vectors[t] = v
+        return (len(new), vectors) if return_vectors else len(new)
 
     def stats(self) -> dict[str, Any]:
         return self.cache.stats()

@@ -9,7 +9,7 @@ from __future__ import annotations
 
 import re
 import unicodedata
-from typing import Literal
+from typing import Callable, Literal
 
 from pydantic import BaseModel, ConfigDict, Field, StrictBool, StrictInt, StrictStr
 
@@ -42,16 +42,17 @@ def text_problem(text: str, max_chars: int) -> str | None:
 
 
 def check_texts(field: str, texts: list[str], max_chars: int, max_items: int | None = None,
-                names: list[str] | None = None) -> None:
-    """422 on the first text that cannot be scored. names: the field path of each text (default field[i])."""
+                name_of: Callable[[int], str] | None = None) -> None:
+    """422 on the first text that cannot be scored. name_of(i): the field path of text i (default field[i];
+    asked only for the text at fault: this runs on every request)."""
     if max_items is not None and len(texts) > max_items:
         raise ApiError(422, f"{field} has {len(texts)} items; the limit is {max_items} per request.", field)
     if not texts:
         raise ApiError(422, f"{field} is empty; give at least one text.", field)
     for i, t in enumerate(texts):
-        where = names[i] if names else (field if field == "query" else f"{field}[{i}]")
         problem = text_problem(t, max_chars)
         if problem:
+            where = name_of(i) if name_of else (field if field == "query" else f"{field}[{i}]")
             raise ApiError(422, f"{where} {problem}.", where)
 
 
@@ -87,18 +88,22 @@ class ScoreRequest(BaseModel):
                 raise ApiError(422, f"text_1 has {len(t1)} items and text_2 {len(t2)}; they must have the same "
                                     "length, or one of them a single text.", "text_2")
             pairs, name = list(zip(t1, t2)), "text_1/text_2"
-            one_1, one_2 = isinstance(self.text_1, str), isinstance(self.text_2, str)
-            names = [n for i in range(len(pairs)) for n in ("text_1" if one_1 else f"text_1[{i}]",
-                                                           "text_2" if one_2 else f"text_2[{i}]")]
+            single = (isinstance(self.text_1, str), isinstance(self.text_2, str))
+
+            def name_of(k: int) -> str:  # text k of the flattened pairs
+                side = k % 2
+                return f"text_{side + 1}" + ("" if single[side] else f"[{k // 2}]")
         else:
             pairs, name = [tuple(p) for p in self.pairs], "pairs"
-            names = [f"pairs[{i}][{j}]" for i in range(len(pairs)) for j in (0, 1)]
+
+            def name_of(k: int) -> str:
+                return f"pairs[{k // 2}][{k % 2}]"
         if len(pairs) > max_pairs:
             raise ApiError(422, f"{name} has {len(pairs)} pairs; the limit is {max_pairs} per request (max_pairs).",
                            name)
         if not pairs:
             raise ApiError(422, f"{name} is empty; give at least one pair.", name)
-        check_texts(name, [t for p in pairs for t in p], max_chars, names=names)
+        check_texts(name, [t for p in pairs for t in p], max_chars, name_of=name_of)
         return pairs
 
 

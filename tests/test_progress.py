@@ -24,3 +24,11 @@ def test_short_steps_stay_quiet():
     p.update(10)
     p.close()
     assert out.getvalue() == ""
+
+
+def test_progress_lines_can_go_to_a_callers_printer():
+    """The teacher's epochs report through its progress printer (a per-task, per-fold prefix)."""
+    lines = []
+    p = Progress(4, "epoch 1/3", unit="batches", every_s=0.0, emit=lines.append)
+    p.update(2)
+    assert lines == [lines[0]] and lines[0].startswith("epoch 1/3: 2/4 batches (50%),") and "ETA" in lines[0]
