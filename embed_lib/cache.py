@@ -7,7 +7,7 @@ Third stage of the data flow (loader -> encoder -> **cache** -> signals -> adapt
     <root>/<key>/shards/<id>.json           {"n", "dim", "dtype", "checksum", "text_hashes"}
 
 `key` hashes the parts of `FrozenEncoder.manifest()` that determine the vectors (encoder id,
-revision, weights fingerprint, pooling, tau_attn, max length, dtype, encoding-path version), so a
+revision, weights fingerprint, pooling, tau_attn, max length, dtype, encoding-path version; the backend and prompt when set), so a
 changed manifest never reads old vectors. A shard's JSON is written last and names the checksum of
 its array: a truncated or corrupt shard is detected on load, dropped with a warning, and its
 sentences are re-encoded, never silently used.
@@ -33,6 +33,8 @@ log = logging.getLogger(__name__)
 #: manifest fields that decide the vectors (library versions are recorded, not keyed)
 KEY_FIELDS = ("encoder", "resolved_path", "revision", "weights_fingerprint", "pooling", "normalize_dropped",
               "tau_attn", "max_seq_length", "dtype", "dim", "encoder_path_version")
+#: fields keyed only when present (see EncoderConfig.prompt and EncoderConfig.backend)
+OPTIONAL_KEY_FIELDS = ("prompt", "backend", "quantization")
 
 
 def text_hash(text: str) -> str:
@@ -44,8 +46,8 @@ def cache_key(manifest: Mapping[str, Any]) -> str:
     if missing:
         raise ValueError(f"Encoder manifest lacks {missing}; expected the fields {list(KEY_FIELDS)}.")
     fields = {f: manifest[f] for f in KEY_FIELDS}
-    if manifest.get("prompt"):  # only when set: caches made without a prompt keep their keys
-        fields["prompt"] = manifest["prompt"]
+    # only when set: caches made without a prompt, or with the torch backend, keep their keys
+    fields.update({f: manifest[f] for f in OPTIONAL_KEY_FIELDS if manifest.get(f)})
     blob = json.dumps(fields, sort_keys=True)
     return hashlib.sha256(blob.encode()).hexdigest()[:20]
 
@@ -54,7 +56,7 @@ def manifest_mismatch(trained: Mapping[str, Any], here: Mapping[str, Any]) -> di
     """{field: (trained, here)} where two encoder manifests give different vectors; {} when they agree."""
     if cache_key(trained) == cache_key(here):
         return {}
-    return {f: (trained.get(f), here.get(f)) for f in (*KEY_FIELDS, "prompt") if trained.get(f) != here.get(f)}
+    return {f: (trained.get(f), here.get(f)) for f in (*KEY_FIELDS, *OPTIONAL_KEY_FIELDS) if trained.get(f) != here.get(f)}
 
 
 def _checksum(arr: np.ndarray) -> str:

@@ -5,6 +5,7 @@
     study        the reference comparison (every form and control) on one task or all -> results/study_<task>.{md,json}
     retrieval    re-ranking check on a duplicate-question retrieval set -> results/retrieval_<task>.{md,json}
     diagnostics  headroom of each difficulty signal and the length-collapse table
+    teacher      the K-fold teacher's record, one cross-encoder on all of train, registered as cross-encoder-<task>
 """
 from __future__ import annotations
 
@@ -15,7 +16,7 @@ from typing import Sequence
 
 from embed_lib.cli_args import (add_adapter_flags, add_custom_data_flags, add_data_flags, add_encoder_flags,
                                 add_mlflow_flags, add_teacher_flags, resolve_task)
-from embed_lib.commands import cmd_baseline, cmd_diagnostics, cmd_retrieval, cmd_study, cmd_train
+from embed_lib.commands import cmd_baseline, cmd_diagnostics, cmd_retrieval, cmd_study, cmd_teacher, cmd_train
 from embed_lib.tasks import task_names
 
 
@@ -82,6 +83,13 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--collapse-tau", type=float, default=0.5, help="tau_attn compared with 1.0 (default 0.5)")
     p.add_argument("--collapse-sample", type=int, default=3000, help="sentences sampled for the collapse table")
     p.set_defaults(func=cmd_diagnostics)
+
+    p = sub.add_parser("teacher", help="the teacher's quality, and one cross-encoder on all of train for serving and "
+                                       "the cascade, registered in MLflow as cross-encoder-<task>")
+    _add_common(p)
+    add_teacher_flags(p)
+    add_mlflow_flags(p, "embed_lib-<task>")
+    p.set_defaults(func=cmd_teacher)
     return parser
 
 

@@ -247,3 +247,37 @@ def cmd_diagnostics(args: argparse.Namespace) -> int:
     for r in rows:
         print(f"| {r['bucket']} | {r['n_sentences']} | " + " | ".join(f"{r[k]:.4f}" for k in keys) + " |")
     return 0
+
+
+def cmd_teacher(args: argparse.Namespace) -> int:
+    """The K-fold teacher's record, the served teacher (one model on all of train) and its registration."""
+    from embed_lib.cross_encoder import log_cross_encoder, served_teacher
+    from embed_lib.study import load_study
+
+    teacher = teacher_config(args)
+    if teacher is None:
+        raise ValueError("The teacher command needs a teacher; drop --no-teacher.")
+    data, record = load_study(args.task, encoder_config(args), teacher, data_dir=args.data_dir,
+                              cache_dir=args.cache_dir, progress=teacher_progress(args.task))
+    print(teacher_summary(record))
+    splits = load_splits(args.task, SPLITS, args.data_dir)
+    folder, served = served_teacher(splits, teacher, {k: data.splits[k].s0 for k in SPLITS},
+                                    args.cache_dir, progress=teacher_progress(args.task))
+    print(f"served teacher ({served['recipe']}): test Spearman {served['test_spearman']:.4f} (cosine "
+          f"{served['test_cosine_spearman']:.4f}), validation {served['validation_spearman']:.4f}; error correlation "
+          f"with the cosine on test {served['test_error_correlation']:.3f}; trained in {served['fit_seconds']:.0f}s, "
+          f"scores {served['predict_pairs_per_s']:.0f} pairs/s; saved at {folder}")
+    if args.no_mlflow:
+        return 0
+    import mlflow
+
+    from embed_lib.tracking import default_tracking_uri, set_experiment
+
+    set_experiment(args.experiment or f"embed_lib-{args.task}", args.tracking_uri or default_tracking_uri())
+    with mlflow.start_run(run_name=f"teacher-{args.task}"):
+        mlflow.log_dict(record, "teacher_kfold.json")
+        mlflow.log_metrics({f"served/{k}": served[k] for k in ("validation_spearman", "test_spearman",
+                                                               "test_error_correlation", "fit_seconds")})
+        version = log_cross_encoder(folder, served, args.task)
+    print(f"registered {version.name} version {version.version}: models:/{version.name}/{version.version}")
+    return 0

@@ -35,6 +35,31 @@ def _check_int(name: str, value: Any, low: int, high: int, *, allow_none: bool =
         raise ValueError(f"{name}={value!r}; allowed {allowed}.")
 
 
+#: inference backends of the encoder and the cross-encoder (embed_lib.onnx_backend)
+BACKENDS = ("torch", "onnx", "onnx-int8")
+
+
+def check_backend(backend: str, field: str = "backend") -> str:
+    if backend not in BACKENDS:
+        raise ValueError(f"{field}={backend!r} is not a backend; choose one of {list(BACKENDS)}.")
+    return backend
+
+
+def manifest_fields(backend: str) -> dict[str, str]:
+    """Encoder-manifest entries of a backend; none for torch, so torch caches keep their keys."""
+    if backend == "torch":
+        return {}
+    return {"backend": "onnx", "quantization": "int8" if backend.endswith("int8") else "none"}
+
+
+def backend_of(manifest: dict[str, Any]) -> str:
+    """The backend an encoder manifest was made with (inverse of `manifest_fields`)."""
+    if manifest.get("backend", "torch") == "torch":
+        return "torch"
+    return "onnx-int8" if manifest.get("quantization") == "int8" else "onnx"
+
+
+
 @dataclass(frozen=True)
 class EncoderConfig:
     """How the frozen encoder turns sentences into vectors. Part of every cache key."""
@@ -59,6 +84,9 @@ class EncoderConfig:
     prompt_name: str | None = None
     #: a prompt text put before every sentence (instead of prompt_name)
     prompt: str | None = None
+    #: inference backend: "torch", "onnx" (ONNX Runtime, fp32) or "onnx-int8" (dynamic int8 quantisation);
+    #: part of the manifest and cache key (an int8 encoder's vectors are not torch's)
+    backend: str = "torch"
 
     def __post_init__(self) -> None:
         if not isinstance(self.model, str) or not self.model.strip():
@@ -70,6 +98,7 @@ class EncoderConfig:
             raise ValueError(f"EncoderConfig.dtype={self.dtype!r}; allowed {list(DTYPES)}.")
         if self.prompt is not None and self.prompt_name is not None:
             raise ValueError("EncoderConfig: give prompt or prompt_name, not both.")
+        check_backend(self.backend, "EncoderConfig.backend")
 
     def to_dict(self) -> dict[str, Any]:
         return dataclasses.asdict(self)
@@ -77,10 +106,10 @@ class EncoderConfig:
     @classmethod
     def from_manifest(cls, manifest: dict[str, Any], **overrides: Any) -> "EncoderConfig":
         """The configuration that reproduces an encoder manifest's vectors (model, revision, TempScale,
-        truncation, dtype); `overrides` set what does not change them (batch_size, device)."""
+        truncation, dtype, backend); `overrides` set what does not change them (batch_size, device)."""
         return cls(model=manifest["encoder"], revision=manifest.get("revision"), tau_attn=manifest["tau_attn"],
                    max_seq_length=manifest["max_seq_length"], dtype=manifest.get("dtype", "float32"),
-                   prompt=manifest.get("prompt"), **overrides)
+                   prompt=manifest.get("prompt"), backend=backend_of(manifest), **overrides)
 
 
 def default_cache_dir() -> Path:

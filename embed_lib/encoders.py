@@ -21,7 +21,7 @@ from typing import Any, Sequence
 import numpy as np
 import torch
 
-from embed_lib.config import ENCODER_ALIASES, EncoderConfig
+from embed_lib.config import ENCODER_ALIASES, EncoderConfig, manifest_fields
 from embed_lib.progress import Progress
 
 log = logging.getLogger(__name__)
@@ -91,6 +91,12 @@ class FrozenEncoder:
         self.n_scaled_attention = self._apply_tau_attn(self.config.tau_attn)
         self.prompt = self._resolve_prompt()
         self._fingerprint: str | None = None
+        self._onnx = None
+        if self.config.backend != "torch":
+            from embed_lib.config import default_cache_dir
+            from embed_lib.onnx_backend import encoder_runner
+
+            self._onnx = encoder_runner(self, default_cache_dir())
 
     def _resolve_prompt(self) -> str | None:
         """The text put before every sentence: `prompt`, or the model's prompt named `prompt_name`."""
@@ -159,14 +165,26 @@ class FrozenEncoder:
             "dim": self.dim,
             "encoder_path_version": ENCODER_PATH_VERSION,
             **({"prompt": self.prompt, "prompt_name": self.config.prompt_name} if self.prompt else {}),
+            **manifest_fields(self.config.backend),
             "versions": {"torch": torch.__version__.split("+")[0], "transformers": transformers.__version__,
                          "sentence_transformers": sentence_transformers.__version__},
         }
 
+    def _forward(self, features: dict[str, Any], backend: str) -> np.ndarray:
+        if backend != "torch":
+            return self._onnx.run(features)
+        features = {k: v.to(self.device) if isinstance(v, torch.Tensor) else v for k, v in features.items()}
+        for module in self._modules:
+            features = module(features)
+        return features["sentence_embedding"].float().cpu().numpy()
+
     @torch.inference_mode()
-    def encode(self, texts: Sequence[str], *, show_progress: bool | None = None) -> np.ndarray:
-        """Raw pooled vectors, (n, d) float32 on CPU, in the order of `texts`."""
+    def encode(self, texts: Sequence[str], *, show_progress: bool | None = None,
+               backend: str | None = None) -> np.ndarray:
+        """Raw pooled vectors, (n, d) float32 on CPU, in the order of `texts`; through the configured backend
+        unless `backend` names another ('torch' is always available)."""
         texts = check_texts(texts)
+        backend = backend or self.config.backend
         n = len(texts)
         out = np.empty((n, self.dim), dtype=np.float32)
         if n == 0:
@@ -178,16 +196,16 @@ class FrozenEncoder:
         progress = Progress(n, f"encode {self.config.model}") if show else None
         for start in range(0, n, bs):
             idx = order[start: start + bs]
-            features = self.model.preprocess([texts[i] for i in idx], prompt=self.prompt)
-            features = {k: v.to(self.device) if isinstance(v, torch.Tensor) else v for k, v in features.items()}
-            for module in self._modules:
-                features = module(features)
-            out[idx] = features["sentence_embedding"].float().cpu().numpy()
+            out[idx] = self._forward(self.model.preprocess([texts[i] for i in idx], prompt=self.prompt), backend)
             if progress is not None:
                 progress.update(len(idx))
         if progress is not None:
             progress.close()
         return out
+
+    def encode_torch(self, texts: Sequence[str]) -> np.ndarray:
+        """The torch path's vectors whatever the backend (the reference an ONNX graph is checked against)."""
+        return self.encode(texts, show_progress=False, backend="torch")
 
 
 def _local_files_signature(path: Path) -> list[tuple[str, int, int]]:

@@ -1,0 +1,209 @@
+"""The teacher as a servable cross-encoder: one model on all of train, saved, calibrated, registered.
+
+The K-fold teacher (`embed_lib.teacher`) exists to give held-out scores to training pairs; its fold
+models are not what a service should run (K models, each trained on part of the data). For serving and
+for the cascade, `served_teacher` trains one cross-encoder on the whole train split with the same recipe
+(early stopping on a slice of train, never on validation or test), scores validation and test, and
+saves it next to the teacher's scores:
+
+    <cache_root>/teacher/<teacher key>/served/   model.safetensors, config.json, tokenizer files,
+                                                 teacher.json (recipe, figures, calibration), scores.npz
+
+`teacher.json` carries a calibration: quantiles of the model's logits and of the frozen cosine on the
+validation split, so a cascade can put a cross-encoder score on the cosine's scale (a monotone map:
+the cross-encoder's order is kept) and mix it with adapter scores. `PairCrossEncoder` scores pairs with
+such a folder (or any cross-encoder id / path) through torch or ONNX Runtime; `log_cross_encoder`
+registers it in MLflow as `cross-encoder-<task>` (safetensors + JSON, loaded without unpickling).
+"""
+from __future__ import annotations
+
+import dataclasses
+import json
+import logging
+import time
+from pathlib import Path
+from typing import Any, Callable, Mapping, Sequence
+
+import numpy as np
+import torch
+
+from embed_lib import teacher_fit as F
+from embed_lib.config import check_backend, default_cache_dir
+from embed_lib.tasks import PairData
+from embed_lib.teacher import TeacherConfig, _load, _pairs, error_correlation, teacher_key
+
+log = logging.getLogger(__name__)
+
+RECORD = "teacher.json"
+MODEL_FILE = Path(__file__).with_name("mlflow_cross_encoder.py")
+
+
+def model_name(task: str) -> str:
+    return f"cross-encoder-{task}"
+
+
+def _quantiles(x: np.ndarray, n: int = 101) -> list[float]:
+    return [float(v) for v in np.quantile(np.asarray(x, dtype=np.float64), np.linspace(0, 1, n))]
+
+
+def calibrate(logits: np.ndarray, calibration: Mapping[str, Sequence[float]]) -> np.ndarray:
+    """Cross-encoder logits -> the frozen cosine's scale: the cosine's quantile at the logit's quantile
+    (both taken on the validation split). Monotone, so the cross-encoder's order is unchanged."""
+    q_logit = np.asarray(calibration["logit"], dtype=np.float64)
+    q_cos = np.asarray(calibration["cosine"], dtype=np.float64)
+    q_logit = q_logit + np.arange(len(q_logit)) * 1e-9  # strictly increasing for np.interp (ties in the logits)
+    return np.interp(np.asarray(logits, dtype=np.float64), q_logit, q_cos).astype(np.float32)
+
+
+def served_dir(cfg: TeacherConfig, splits: Mapping[str, PairData], cache_root: str | Path | None = None) -> Path:
+    return (Path(cache_root) if cache_root else default_cache_dir()) / "teacher" / teacher_key(cfg, splits) / "served"
+
+
+def served_teacher(splits: Mapping[str, PairData], cfg: TeacherConfig, s0: Mapping[str, np.ndarray],
+                   cache_root: str | Path | None = None, device: str | None = None,
+                   progress: Callable[[str], None] | None = None) -> tuple[Path, dict[str, Any]]:
+    """(folder, record) of the served teacher of `cfg` on these splits; trained once, then read from the
+    cache. `s0`: the frozen cosine per split (validation for the calibration; both for the record)."""
+    folder = served_dir(cfg, splits, cache_root)
+    if (folder / RECORD).is_file() and (folder / "scores.npz").is_file():
+        return folder, json.loads((folder / RECORD).read_text())
+    progress = progress or log.info
+    device = device or ("cuda" if torch.cuda.is_available() else "cpu")
+    train, val, test = splits["train"], splits["validation"], splits["test"]
+    t0 = time.perf_counter()
+    ce = _load(cfg, device)
+    curve: list[dict[str, float]] = []
+    if not cfg.pretrained:
+        rows = np.random.default_rng(cfg.seed * 1000 + 999).permutation(len(train))
+        n_es = int(round(cfg.early_stopping_fraction * len(train)))
+        es_rows, fit_rows = np.sort(rows[:n_es]), np.sort(rows[n_es:])
+        curve = F.fit(ce, _pairs(train, fit_rows), train.label[fit_rows], cfg, cfg.seed * 100 + 99,
+                      _pairs(train, es_rows) if n_es else None, train.label[es_rows] if n_es else None,
+                      lambda msg: progress(f"served teacher: {msg}"))
+    fit_seconds = time.perf_counter() - t0
+    t1 = time.perf_counter()
+    scores = {"validation": F.predict(ce, _pairs(val), cfg), "test": F.predict(ce, _pairs(test), cfg)}
+    predict_s = time.perf_counter() - t1
+    record: dict[str, Any] = {
+        "task": train.task, "teacher_key": folder.parent.name, "config": dataclasses.asdict(cfg),
+        "recipe": ("pretrained, not trained" if cfg.pretrained else
+                   f"one model on all of train ({cfg.early_stopping_fraction:.0%} of it held out for early stopping)"),
+        "both_orders": cfg.both_orders, "max_length": cfg.max_length, "curve": curve,
+        "fit_seconds": round(fit_seconds, 1),
+        "predict_pairs_per_s": round((len(val) + len(test)) / max(predict_s, 1e-9), 1),
+        "calibration": {"logit": _quantiles(scores["validation"]), "cosine": _quantiles(s0["validation"])}}
+    for split, d in (("validation", val), ("test", test)):
+        record[f"{split}_spearman"] = F.spearman_or_nan(scores[split], d.label)
+        record[f"{split}_cosine_spearman"] = F.spearman_or_nan(s0[split], d.label)
+        record[f"{split}_error_correlation"] = error_correlation(scores[split], s0[split], d.label)
+    folder.mkdir(parents=True, exist_ok=True)
+    ce.save_pretrained(str(folder), safe_serialization=True)
+    np.savez(folder / "scores.npz", **scores)
+    (folder / RECORD).write_text(json.dumps(record, indent=2))  # last: its presence marks a complete folder
+    return folder, record
+
+
+class PairCrossEncoder:
+    """Scores pairs with a cross-encoder folder (a served teacher, with its calibration) or any cross-encoder
+    id / path, through torch or ONNX Runtime (`backend`: torch, onnx, onnx-int8)."""
+
+    def __init__(self, path: str | Path, backend: str = "torch", cache_root: str | Path | None = None,
+                 threads: int | None = None, batch_size: int = 32) -> None:
+        from sentence_transformers import CrossEncoder
+
+        from embed_lib.encoders import resolve_model
+
+        check_backend(backend, "cross_encoder_backend")
+        self.path, self.backend, self.batch_size = str(path), backend, batch_size
+        record_file = Path(path) / RECORD
+        self.record = json.loads(record_file.read_text()) if record_file.is_file() else {}
+        self.calibration = self.record.get("calibration")
+        self.both_orders = bool(self.record.get("both_orders", False))
+        kw = {"max_length": self.record["max_length"]} if "max_length" in self.record else {}
+        try:
+            self.ce = CrossEncoder(resolve_model(str(path)), device="cpu", **kw)
+        except Exception as exc:
+            raise ValueError(f"Could not load cross-encoder {str(path)!r}: {exc}. Give a cross-encoder id, a local "
+                             "directory, or a models:/cross-encoder-<task> URI.") from exc
+        self.ce.model.eval()
+        self.runner = None
+        if backend != "torch":
+            from embed_lib.onnx_backend import cross_encoder_runner
+
+            self.runner = cross_encoder_runner(self.ce, backend, str(path),
+                                               Path(cache_root) if cache_root else default_cache_dir(), threads)
+
+    @torch.inference_mode()
+    def _logits_one_order(self, pairs: list[list[str]]) -> np.ndarray:
+        out = np.empty(len(pairs), dtype=np.float32)
+        order = np.argsort([-(len(a) + len(b)) for a, b in pairs], kind="stable")
+        for s in range(0, len(pairs), self.batch_size):
+            idx = order[s: s + self.batch_size]
+            features = self.ce.preprocess([pairs[i] for i in idx])
+            out[idx] = (self.runner.run(features) if self.runner is not None
+                        else F.logits(self.ce, [pairs[i] for i in idx]).float().numpy())
+        return out
+
+    def logits(self, pairs: Sequence[Sequence[str]]) -> np.ndarray:
+        """(n,) logits; the mean over both orders for a teacher trained on both."""
+        pairs = [[a, b] for a, b in pairs]
+        if not pairs:
+            return np.zeros(0, np.float32)
+        out = self._logits_one_order(pairs)
+        if self.both_orders:
+            out = (out + self._logits_one_order([[b, a] for a, b in pairs])) / 2
+        return out
+
+    def score(self, pairs: Sequence[Sequence[str]]) -> np.ndarray:
+        """(n,) scores: on the frozen cosine's scale when the folder has a calibration, else sigmoid(logit)."""
+        z = self.logits(pairs)
+        if self.calibration:
+            return calibrate(z, self.calibration)
+        return (1 / (1 + np.exp(-z.astype(np.float64)))).astype(np.float32)
+
+
+def _signature():
+    from mlflow.models import ModelSignature
+    from mlflow.types import DataType
+    from mlflow.types.schema import ColSpec, Schema
+
+    return ModelSignature(inputs=Schema([ColSpec(DataType.string, "sentence1"), ColSpec(DataType.string, "sentence2")]),
+                          outputs=Schema([ColSpec(DataType.double, "score"), ColSpec(DataType.double, "logit")]))
+
+
+def log_cross_encoder(folder: Path, record: Mapping[str, Any], task: str, client=None) -> Any:
+    """Log the folder as an MLflow pyfunc model into the active run and register it as `cross-encoder-<task>`;
+    the version carries the teacher key and its figures as tags. Returns MLflow's ModelVersion."""
+    import mlflow
+
+    from embed_lib.registry import PACKAGE_DIR
+
+    name = model_name(task)
+    info = mlflow.pyfunc.log_model(
+        name="cross_encoder", python_model=str(MODEL_FILE), artifacts={"cross_encoder": str(folder)},
+        code_paths=[str(PACKAGE_DIR)], registered_model_name=name, signature=_signature(),
+        pip_requirements=["torch", "numpy", "pandas", "safetensors", "sentence-transformers", "mlflow"])
+    client = client or mlflow.MlflowClient()
+    version = str(info.registered_model_version)
+    tags = {"teacher_key": record["teacher_key"], "backbone": record["config"]["model"],
+            "recipe": record["recipe"], **{k: repr(float(record[k])) for k in (
+                "validation_spearman", "test_spearman", "validation_cosine_spearman", "test_cosine_spearman",
+                "test_error_correlation", "fit_seconds", "predict_pairs_per_s")}}
+    for k, v in tags.items():
+        client.set_model_version_tag(name, version, k, str(v))
+    client.update_model_version(name, version, description=(
+        f"Cross-encoder teacher of {task}: {record['recipe']}. Test Spearman {record['test_spearman']:.4f} "
+        f"(frozen cosine {record['test_cosine_spearman']:.4f}), validation {record['validation_spearman']:.4f}; "
+        f"rank-error correlation with the cosine on test {record['test_error_correlation']:.3f}. Teacher key "
+        f"{record['teacher_key']}. Scores carry a calibration to the cosine's scale (teacher.json)."))
+    return client.get_model_version(name, version)
+
+
+def find_version(task: str, teacher_key_: str, client) -> str | None:
+    """The registered `cross-encoder-<task>` version made from this teacher key, if any."""
+    try:
+        versions = client.search_model_versions(f"name='{model_name(task)}'")
+    except Exception:  # noqa: BLE001 -- no such model yet
+        return None
+    hits = [v for v in versions if (v.tags or {}).get("teacher_key") == teacher_key_]
+    return str(max(int(v.version) for v in hits)) if hits else None
