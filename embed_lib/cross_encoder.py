@@ -199,6 +199,15 @@ def log_cross_encoder(folder: Path, record: Mapping[str, Any], task: str, client
     return client.get_model_version(name, version)
 
 
+def resolve_cross_encoder(name: str, tracking_uri: str | None = None) -> str:
+    """A models:/ URI -> the downloaded cross-encoder folder; ids, aliases and paths unchanged."""
+    if not name.startswith(("models:/", "runs:/")):
+        return name
+    from embed_lib.registry import download_model_artifact
+
+    return str(download_model_artifact(name, "cross_encoder", tracking_uri=tracking_uri))
+
+
 def find_version(task: str, teacher_key_: str, client) -> str | None:
     """The registered `cross-encoder-<task>` version made from this teacher key, if any."""
     try:

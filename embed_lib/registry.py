@@ -71,9 +71,10 @@ def promote(name: str, version: str | int, val_metric: float, client=None) -> st
     return alias
 
 
-def download_adapter(model_uri: str, dst: str | Path | None = None, tracking_uri: str | None = None) -> Path:
-    """Download a logged / registered model (runs:/..., models:/name@alias) and return its adapter dir.
-    tracking_uri: the MLflow store to read (default: MLflow's current one)."""
+def download_model_artifact(model_uri: str, artifact: str, dst: str | Path | None = None,
+                            tracking_uri: str | None = None) -> Path:
+    """Download a logged / registered model (runs:/..., models:/name@alias, models:/name/version) and return
+    its artifacts/<artifact> directory. tracking_uri: the MLflow store to read (default: MLflow's current one)."""
     import re
 
     import mlflow
@@ -86,11 +87,16 @@ def download_adapter(model_uri: str, dst: str | Path | None = None, tracking_uri
         model_uri = client.get_model_version_download_uri(name, str(version))
     local = Path(mlflow.artifacts.download_artifacts(artifact_uri=model_uri, dst_path=str(dst) if dst else None,
                                                      tracking_uri=tracking_uri))
-    adapter = local / "artifacts" / "adapter"
-    if not adapter.is_dir():
-        raise FileNotFoundError(f"{model_uri} has no artifacts/adapter directory; was it logged by "
-                                "embed_lib.registry.log_adapter_model?")
-    return adapter
+    folder = local / "artifacts" / artifact
+    if not folder.is_dir():
+        raise FileNotFoundError(f"{model_uri} has no artifacts/{artifact} directory; was it logged by embed_lib "
+                                f"({'registry.log_adapter_model' if artifact == 'adapter' else 'cross_encoder.log_cross_encoder'})?")
+    return folder
+
+
+def download_adapter(model_uri: str, dst: str | Path | None = None, tracking_uri: str | None = None) -> Path:
+    """The adapter directory of a logged / registered adapter model."""
+    return download_model_artifact(model_uri, "adapter", dst, tracking_uri)
 
 
 def load_registered(model_uri: str, tracking_uri: str | None = None):

@@ -34,7 +34,7 @@ from serving.deployments import CrossEncoderScorer, EncodeError, Encoder, WarmJo
 from serving.errors import ApiError, error_responses
 from serving.schemas import (RerankRequest, RerankResponse, ScoreRequest, ScoreResponse, TeiRank, TeiRerankRequest,
                              WarmJob, WarmRequest, check_texts)
-from serving.scorer import PairScorer
+from serving.scorer import PairScorer, cascade_scores
 
 log = logging.getLogger("ray.serve")  # Serve's logger: lines land in the replica's log, tagged with the replica
 
@@ -58,6 +58,7 @@ class Ingress:
         self._pending_warm: list[str] | None = None  # corpus to fetch from the encoder (see check_health)
         self._warm_task: asyncio.Task | None = None
         self.manifest = None
+        self._ce_info: dict[str, Any] | None = None
         self.scorer = PairScorer(cache_size=self.args.cache_size, projection_cache_size=self.args.projection_cache_size)
 
     def reconfigure(self, user_config: dict[str, Any]) -> None:
@@ -131,26 +132,38 @@ class Ingress:
         finally:
             self.inflight -= 1
 
-    async def _score_pairs(self, pairs: list[tuple[str, str]], cascade: bool, scorer: str) -> dict[str, Any]:
+    async def _cross_encoder_info(self) -> dict[str, Any]:
+        if self._ce_info is None:
+            self._ce_info = await self.cross_encoder.info.remote()
+        return self._ce_info
+
+    async def _score_pairs(self, pairs: list[tuple[str, str]], scorer: str = "adapter",
+                           cascade: dict[str, Any] | None = None) -> dict[str, Any]:
+        """Every pair's score; `cascade` ({budget, routing, seed}) re-scores the routed pairs with the
+        cross-encoder (embed_lib.cascade.route)."""
         if (cascade or scorer == "cross_encoder") and self.cross_encoder is None:
-            raise ApiError(422, "cascade / scorer='cross_encoder' need a cross-encoder: start the app with "
-                                "cross_encoder=<id or path>.", "cascade" if cascade else "scorer")
+            raise ApiError(422, "cascade / budget / scorer='cross_encoder' need a cross-encoder: start the app with "
+                                "cross_encoder=<models:/cross-encoder-<task>/<version>, folder, id or path>.",
+                           "cascade" if cascade else "scorer")
         if scorer == "cross_encoder":
             ce = await self.cross_encoder.score.remote(pairs)
             return {"data": [{"index": i, "score": float(s), "path": "cross_encoder"} for i, s in enumerate(ce)]}
         out = await self.scorer.score(pairs, self._embed)
-        paths = ["adapter"] * len(pairs)
-        scores = out["score"].astype(np.float64)
+        scores, info, routed = out["score"].astype(np.float64), None, np.zeros(0, np.int64)
         if cascade:
-            hard = [i for i, d in enumerate(out["difficulty"]) if d > self.args.cascade_threshold]
-            if hard:
-                ce = await self.cross_encoder.score.remote([pairs[i] for i in hard])
-                for i, s in zip(hard, ce):
-                    scores[i], paths[i] = float(s), "cross_encoder"
-        data = [{"index": i, "score": float(scores[i]), "baseline": float(out["baseline"][i]),
+            middle = (await self._cross_encoder_info())["middle"]
+            try:
+                scores, routed = await cascade_scores(pairs, out, cascade, middle, self.cross_encoder.score.remote)
+            except ValueError as exc:
+                raise ApiError(422, str(exc), "routing") from None
+            info = {**cascade, "routed": int(len(routed)), "cross_encoder": self.args.cross_encoder}
+            info.pop("seed")
+        to_ce = set(routed.tolist())
+        data = [{"index": i, "score": float(np.clip(scores[i], -1.0, 1.0)), "baseline": float(out["baseline"][i]),
                  "difficulty": None if np.isnan(out["difficulty"][i]) else float(out["difficulty"][i]),
-                 **({"path": paths[i]} if cascade else {})} for i in range(len(pairs))]
-        return {"data": data}
+                 **({"path": "cross_encoder" if i in to_ce else "adapter"} if cascade else {})}
+                for i in range(len(pairs))]
+        return {"data": data, **({"cascade": info} if info else {})}
 
     def _check_model(self, model: str | None) -> None:
         """A request may name the model (Cohere, vLLM and OpenAI-style clients do): it must be the served one."""
@@ -169,7 +182,11 @@ class Ingress:
         """Similarity of each pair (`pairs`, or vLLM's `text_1` / `text_2`), with the frozen cosine as `baseline`."""
         self._check_model(body.model)
         pairs = body.resolved_pairs(self.args.max_pairs, self.args.max_text_chars)
-        out = await self._guarded(self._score_pairs(pairs, body.cascade, body.scorer))
+        cascade = None
+        if body.cascade or body.budget is not None:
+            cascade = {"budget": self.args.cascade_budget if body.budget is None else float(body.budget),
+                       "routing": body.routing, "seed": body.routing_seed}
+        out = await self._guarded(self._score_pairs(pairs, body.scorer, cascade))
         for row in out["data"]:
             row["object"] = "score"
         return json_response({"id": f"score-{uuid.uuid4().hex}", "object": "list", "created": int(time.time()),
@@ -178,7 +195,7 @@ class Ingress:
     async def _ranked(self, query: str, documents: list[str]) -> list[dict[str, Any]]:
         check_texts("query", [query], self.args.max_text_chars)
         check_texts("documents", documents, self.args.max_text_chars, max_items=self.args.max_documents)
-        out = await self._guarded(self._score_pairs([(query, d) for d in documents], False, "adapter"))
+        out = await self._guarded(self._score_pairs([(query, d) for d in documents]))
         return sorted(out["data"], key=lambda r: -r["score"])
 
     async def _cohere_rerank(self, body: RerankRequest, version: str) -> Response:
@@ -255,7 +272,8 @@ class Ingress:
         # true while the warm corpus is still on its way from the encoder into this replica (after a cold start)
         caches["near_cache"]["warming"] = bool(self._pending_warm) or bool(self._warm_task and not self._warm_task.done())
         return {"data": [{**info, "embedding_cache": await self.encoder.stats.remote(), **caches,
-                          "cross_encoder": a.cross_encoder, "limits": {
+                          "cross_encoder": (await self._cross_encoder_info()) if self.cross_encoder else None,
+                          "cascade_budget": a.cascade_budget, "limits": {
                               "max_pairs": a.max_pairs, "max_documents": a.max_documents,
                               "max_text_chars": a.max_text_chars, "max_inflight": a.max_inflight,
                               "max_warm_sync": a.max_warm_sync, "max_warm_job": a.max_warm_job}}]}
@@ -273,8 +291,8 @@ def build_app(args: dict[str, Any]) -> serve.Application:
     encoder = Encoder.options(**_deployment_options(a.encoder, a.access_log)).bind(
         manifest, a.cache_size, a.max_batch_size, a.batch_wait_timeout_s, a.warm_corpus, a.encoder.num_cpus)
     user_config = {"model_uri": a.model_uri, "pinned": pinned_uri(a.model_uri, tracking_uri), "manifest": manifest}
-    cross = (CrossEncoderScorer.options(ray_actor_options={"num_cpus": 0.5}).bind(a.cross_encoder, 0.5)
-             if a.cross_encoder else None)
+    cross = (CrossEncoderScorer.options(ray_actor_options={"num_cpus": 0.5}).bind(
+        a.cross_encoder, a.cross_encoder_backend, 0.5, tracking_uri) if a.cross_encoder else None)
     jobs = WarmJobs.bind(encoder)
     # Serve's own bounds sit above the ingress's admission control: a bounded queue, never an unbounded one
     bounds = {"max_ongoing_requests": max(a.max_inflight * 2, 8), "max_queued_requests": max(a.max_inflight * 4, 16)}

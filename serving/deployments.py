@@ -135,18 +135,25 @@ class Encoder:
 
 @serve.deployment
 class CrossEncoderScorer:
-    def __init__(self, model: str, num_cpus: float) -> None:
-        from sentence_transformers import CrossEncoder
+    """Scores pairs with a cross-encoder; a served teacher's scores are on the frozen cosine's scale (its
+    calibration), so the cascade can mix them with the adapter's."""
 
-        from embed_lib.encoders import resolve_model
+    def __init__(self, model: str, backend: str, num_cpus: float, tracking_uri: str | None) -> None:
+        from embed_lib.cross_encoder import PairCrossEncoder, resolve_cross_encoder
 
         set_threads(num_cpus)
         self.name = model
-        self.ce = CrossEncoder(resolve_model(model), device="cpu")
+        self.ce = PairCrossEncoder(resolve_cross_encoder(model, tracking_uri), backend=backend,
+                                   threads=max(1, int(num_cpus)))
+
+    def info(self) -> dict[str, Any]:
+        rec, cal = self.ce.record, self.ce.calibration
+        return {"name": self.name, "backend": self.ce.backend, "calibrated": bool(cal),
+                "middle": cal["cosine"][len(cal["cosine"]) // 2] if cal else None,
+                **{k: rec[k] for k in ("teacher_key", "test_spearman", "validation_spearman", "recipe") if k in rec}}
 
     async def score(self, pairs: list[tuple[str, str]]) -> np.ndarray:
-        return await asyncio.to_thread(lambda: np.asarray(self.ce.predict([list(p) for p in pairs], batch_size=32,
-                                                                            show_progress_bar=False), np.float32))
+        return await asyncio.to_thread(self.ce.score, pairs)
 
 
 @serve.deployment(num_replicas=1, ray_actor_options={"num_cpus": 0.05})

@@ -11,7 +11,7 @@ import re
 import unicodedata
 from typing import Callable, Literal
 
-from pydantic import BaseModel, ConfigDict, Field, StrictBool, StrictInt, StrictStr
+from pydantic import BaseModel, ConfigDict, Field, StrictBool, StrictFloat, StrictInt, StrictStr
 
 from serving.errors import ApiError
 
@@ -64,8 +64,15 @@ class ScoreRequest(BaseModel):
     pairs: list[tuple[StrictStr, StrictStr]] | None = Field(None, description='[["a", "b"], ...]')
     text_1: StrictStr | list[StrictStr] | None = Field(None, description="first texts (with text_2, instead of pairs)")
     text_2: StrictStr | list[StrictStr] | None = None
-    cascade: StrictBool = Field(False, description="send pairs whose difficulty exceeds the threshold to the "
-                                                   "cross-encoder")
+    cascade: StrictBool = Field(False, description="re-score a fraction `budget` of the pairs with the cross-encoder, "
+                                                   "chosen by `routing` (needs the app's cross_encoder)")
+    budget: StrictFloat | None = Field(None, ge=0, le=1, description="cascade: fraction of the pairs sent "
+                                                   "to the cross-encoder (default: the app's cascade_budget); "
+                                                   "setting it turns the cascade on")
+    routing: Literal["difficulty", "random", "cosine_middle"] = Field(
+        "difficulty", description="cascade: which pairs go to the cross-encoder: the gate's hardest (difficulty), "
+                                  "a seeded random subset (random), or the cosines nearest the middle (cosine_middle)")
+    routing_seed: StrictInt = Field(0, description="cascade: seed of random routing and of the budget's rounding")
     scorer: Literal["adapter", "cross_encoder"] = "adapter"
     # accepted from vLLM clients, without effect here
     encoding_format: StrictStr | None = Field(None, description="accepted for vLLM clients; ignored")
@@ -161,7 +168,15 @@ class PairScore(BaseModel):
     score: float = Field(description="the adapter's similarity, in [-1, 1] (the cross-encoder's where path says so)")
     baseline: float | None = Field(None, description="the frozen encoder's cosine, in [-1, 1]")
     difficulty: float | None = Field(None, description="the gate's difficulty in (0, 1); null for ungated forms")
-    path: Literal["adapter", "cross_encoder"] | None = Field(None, description="with cascade: who scored the pair")
+    path: Literal["adapter", "cross_encoder"] | None = Field(None, description="with cascade: who scored the pair "
+                                                             "(the cross-encoder's score on the cosine's scale)")
+
+
+class CascadeInfo(BaseModel):
+    budget: float = Field(description="the fraction asked for")
+    routing: str
+    routed: int = Field(description="pairs the cross-encoder scored")
+    cross_encoder: str | None = None
 
 
 class ScoreResponse(BaseModel):
@@ -170,6 +185,7 @@ class ScoreResponse(BaseModel):
     created: int
     model: str
     data: list[PairScore]
+    cascade: CascadeInfo | None = Field(None, description="with cascade: the budget, the policy and what it routed")
 
 
 class RerankDocument(BaseModel):

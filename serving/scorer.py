@@ -123,3 +123,18 @@ class PairScorer:
 
     def stats(self) -> dict[str, Any]:
         return {"near_cache": self.near.stats(), "projection_cache": self.projected.stats()}
+
+
+async def cascade_scores(pairs: Sequence[tuple[str, str]], out: dict[str, np.ndarray], cascade: dict[str, Any],
+                         middle: float | None, cross_encoder: Callable[[list], Awaitable[np.ndarray]]
+                         ) -> tuple[np.ndarray, np.ndarray]:
+    """(scores, routed): the adapter's scores `out` with the pairs routed at cascade's budget / routing / seed
+    (embed_lib.cascade.route) re-scored by `cross_encoder`. ValueError for a policy the model cannot serve."""
+    from embed_lib.cascade import mix, route
+
+    routed = route(cascade["budget"], cascade["routing"], difficulty=out["difficulty"], baseline=out["baseline"],
+                   middle=middle, seed=cascade["seed"])
+    scores = out["score"].astype(np.float64)
+    if len(routed):
+        scores = mix(scores, await cross_encoder([pairs[i] for i in routed]), routed)
+    return scores, routed

@@ -1,0 +1,68 @@
+"""The difficulty-routed cascade: which pairs of a batch go to the cross-encoder, at a budget.
+
+A cascade scores every pair with the adapter (cached vectors: cheap) and re-scores a fraction `budget`
+of them with the cross-encoder (a transformer pass per pair: ~30-50x the cost). Which fraction is the
+routing policy's choice:
+
+- `difficulty`: the pairs the adapter's gate rates hardest. A gate trained on the ce_margin target
+  predicts, from the cached vectors alone, where the cross-encoder's ranking departs from the frozen
+  cosine's: no cross-encoder call is needed to decide;
+- `random`: a seeded random subset of the same size (the control: what any budget buys by chance);
+- `cosine_middle`: the pairs whose frozen cosine is closest to the middle of its range (`middle`, e.g.
+  the median cosine of the validation pairs), the naive heuristic "undecided pairs are hard".
+
+The same function routes in the service (serving/app.py) and in the frontier benchmark
+(benchmarks/cascade_frontier.py), so what is measured is what is served.
+"""
+from __future__ import annotations
+
+import math
+
+import numpy as np
+
+POLICIES = ("difficulty", "random", "cosine_middle")
+
+
+def n_routed(n: int, budget: float, rng: np.random.Generator) -> int:
+    """How many of n pairs go to the cross-encoder: budget * n, the fraction rounded at random (up with
+    probability equal to the fraction), so small requests meet the budget on average."""
+    if not 0.0 <= budget <= 1.0:
+        raise ValueError(f"budget={budget!r} must lie in [0, 1] (the fraction of pairs sent to the cross-encoder).")
+    k = budget * n
+    whole = math.floor(k)
+    return min(n, whole + int(rng.random() < k - whole))
+
+
+def route(budget: float, policy: str, *, difficulty: np.ndarray | None = None, baseline: np.ndarray | None = None,
+          middle: float | None = None, seed: int = 0, n: int | None = None) -> np.ndarray:
+    """Indices (sorted) of the pairs the policy sends to the cross-encoder at this budget."""
+    if policy not in POLICIES:
+        raise ValueError(f"routing={policy!r} is not a policy; choose one of {list(POLICIES)}.")
+    sizes = [len(v) for v in (difficulty, baseline) if v is not None]
+    n = n if n is not None else (sizes[0] if sizes else None)
+    if n is None:
+        raise ValueError("route needs n, difficulty or baseline.")
+    rng = np.random.default_rng(seed)
+    k = n_routed(n, budget, rng)
+    if policy == "difficulty":
+        if difficulty is None or np.isnan(difficulty).any():
+            raise ValueError("routing='difficulty' needs the adapter's difficulty, and the served adapter has no gate "
+                             "(an ungated form): use routing='random' or 'cosine_middle', or serve a gated adapter.")
+        priority = np.asarray(difficulty, dtype=np.float64)
+    elif policy == "random":
+        priority = rng.random(n)
+    else:
+        if baseline is None:
+            raise ValueError("routing='cosine_middle' needs the frozen cosine of every pair.")
+        mid = float(np.median(baseline)) if middle is None else float(middle)
+        priority = -np.abs(np.asarray(baseline, dtype=np.float64) - mid)
+    return np.sort(np.argsort(-priority, kind="stable")[:k])
+
+
+def mix(adapter: np.ndarray, cross_encoder: np.ndarray, routed: np.ndarray) -> np.ndarray:
+    """Adapter scores with the routed pairs' replaced by the cross-encoder's (on the same scale).
+    `cross_encoder` is either every pair's score or only the routed pairs', in `routed` order."""
+    out = np.array(adapter, dtype=np.float64, copy=True)
+    ce = np.asarray(cross_encoder, dtype=np.float64)
+    out[routed] = ce[routed] if len(ce) == len(out) else ce
+    return out

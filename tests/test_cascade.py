@@ -1,0 +1,140 @@
+"""The cascade's routing (embed_lib.cascade) and the service's cascade path (without Serve)."""
+from __future__ import annotations
+
+import asyncio
+
+import numpy as np
+import pytest
+
+from embed_lib.cascade import mix, n_routed, route
+
+ADAPTER = np.array([0.1, 0.2, 0.3, 0.4, 0.5, 0.6])
+CE = np.array([0.9, 0.8, 0.7, 0.6, 0.5, 0.4])
+DIFFICULTY = np.array([0.2, 0.9, 0.1, 0.8, 0.3, 0.5])
+BASELINE = np.array([0.0, 0.45, 0.9, 0.55, 0.2, 0.5])
+
+
+@pytest.mark.parametrize("policy", ["difficulty", "random", "cosine_middle"])
+def test_budget_zero_is_the_adapter_and_budget_one_the_cross_encoder(policy):
+    kw = dict(difficulty=DIFFICULTY, baseline=BASELINE, seed=3)
+    np.testing.assert_array_equal(mix(ADAPTER, CE, route(0.0, policy, **kw)), ADAPTER)
+    np.testing.assert_array_equal(mix(ADAPTER, CE, route(1.0, policy, **kw)), CE)
+
+
+def test_each_policy_routes_what_it_says():
+    # half of 6 pairs: the three the gate rates hardest (0.9, 0.8, 0.5 at rows 1, 3, 5)
+    assert route(0.5, "difficulty", difficulty=DIFFICULTY).tolist() == [1, 3, 5]
+    # the three cosines nearest 0.5: 0.5, 0.45 / 0.55 (rows 5, 1, 3)
+    assert route(0.5, "cosine_middle", baseline=BASELINE, middle=0.5).tolist() == [1, 3, 5]
+    # nearest the median when no middle is given (median 0.475: rows 1, 5, 3)
+    assert route(0.5, "cosine_middle", baseline=BASELINE).tolist() == [1, 3, 5]
+    # only the routed pairs' cross-encoder scores, in routed order, are enough to mix
+    np.testing.assert_array_equal(mix(ADAPTER, CE[[1, 3]], np.array([1, 3])), [0.1, 0.8, 0.3, 0.6, 0.5, 0.6])
+
+
+def test_random_routing_is_reproducible_at_a_seed_and_varies_across_seeds():
+    a = route(0.3, "random", n=1000, seed=7)
+    assert a.tolist() == route(0.3, "random", n=1000, seed=7).tolist()
+    assert len(a) == 300 and a.tolist() != route(0.3, "random", n=1000, seed=8).tolist()
+
+
+def test_budget_rounding_meets_the_budget_on_average():
+    rng = np.random.default_rng(0)
+    counts = [n_routed(3, 0.1, rng) for _ in range(20000)]  # 0.3 of a pair per request
+    assert set(counts) == {0, 1} and abs(np.mean(counts) - 0.3) < 0.01
+    assert n_routed(10, 0.5, rng) == 5 and n_routed(10, 1.0, rng) == 10
+
+
+def test_bad_routing_inputs_are_named():
+    with pytest.raises(ValueError, match=r"budget=1.5 must lie in \[0, 1\]"):
+        route(1.5, "random", n=4)
+    with pytest.raises(ValueError, match="routing='best' is not a policy"):
+        route(0.5, "best", n=4)
+    with pytest.raises(ValueError, match="needs the adapter's difficulty.*no gate"):
+        route(0.5, "difficulty", difficulty=np.full(4, np.nan))
+
+
+class _Handle:
+    def __init__(self, fn):
+        self.fn = fn
+
+    def remote(self, *args):
+        async def result():
+            return self.fn(*args)
+        return result()
+
+
+class _FakeCrossEncoder:
+    """Stands in for the CrossEncoderScorer handle: scores 0.99 - 0.01 * len(a)."""
+
+    def __init__(self):
+        self.calls: list[list] = []
+        self.score = _Handle(lambda pairs: self.calls.append(list(pairs)) or np.array(
+            [0.99 - 0.01 * len(a) for a, _ in pairs], np.float32))
+        self.info = _Handle(lambda: {"name": "fake", "middle": 0.5, "calibrated": True})
+
+
+def _ingress(form: str, cross_encoder):
+    from tests.test_serving_unit import _FakeEncoder, _model
+    from serving.app import Ingress
+
+    cls = Ingress.func_or_class.__mro__[1]
+    ingress = cls(_FakeEncoder(), cross_encoder, None, {}, None)
+    ingress.scorer.set_model(_model(form, dim=4), {"name": "m", "version": "1"})
+    return ingress
+
+
+PAIRS = [("a", "bb"), ("ccc", "d"), ("ee", "ffff"), ("g", "hh")]
+
+
+def test_the_service_cascade_routes_by_budget_and_says_which_path_scored():
+    ce = _FakeCrossEncoder()
+    ingress = _ingress("pair_gated", ce)
+    plain = asyncio.run(ingress._score_pairs(PAIRS))
+    assert "cascade" not in plain and all("path" not in r for r in plain["data"])
+    none = asyncio.run(ingress._score_pairs(PAIRS, cascade={"budget": 0.0, "routing": "difficulty", "seed": 0}))
+    assert [r["score"] for r in none["data"]] == [r["score"] for r in plain["data"]] and ce.calls == []
+    assert none["cascade"]["routed"] == 0 and {r["path"] for r in none["data"]} == {"adapter"}
+    half = asyncio.run(ingress._score_pairs(PAIRS, cascade={"budget": 0.5, "routing": "difficulty", "seed": 0}))
+    hardest = sorted(np.argsort([-r["difficulty"] for r in plain["data"]])[:2].tolist())
+    assert [r["index"] for r in half["data"] if r["path"] == "cross_encoder"] == hardest
+    assert ce.calls == [[PAIRS[i] for i in hardest]]  # the cross-encoder saw only the routed pairs
+    for i in hardest:
+        assert half["data"][i]["score"] == pytest.approx(0.99 - 0.01 * len(PAIRS[i][0]))
+        assert half["data"][i]["baseline"] == plain["data"][i]["baseline"]
+    every = asyncio.run(ingress._score_pairs(PAIRS, cascade={"budget": 1.0, "routing": "random", "seed": 0}))
+    assert [r["score"] for r in every["data"]] == pytest.approx([0.99 - 0.01 * len(a) for a, _ in PAIRS])
+
+
+def test_cascade_refusals_name_the_option():
+    from serving.errors import ApiError
+
+    with pytest.raises(ApiError) as e:  # no cross-encoder configured
+        asyncio.run(_ingress("pair_gated", None)._score_pairs(PAIRS, cascade={"budget": 0.5, "routing": "random",
+                                                                              "seed": 0}))
+    assert e.value.status == 422 and e.value.field == "cascade" and "cross_encoder=" in str(e.value)
+    with pytest.raises(ApiError) as e:  # an ungated adapter has no difficulty to route by
+        asyncio.run(_ingress("pair_ungated", _FakeCrossEncoder())._score_pairs(
+            PAIRS, cascade={"budget": 0.5, "routing": "difficulty", "seed": 0}))
+    assert e.value.status == 422 and e.value.field == "routing" and "no gate" in str(e.value)
+
+
+@pytest.mark.parametrize("body,field", [({"budget": 1.5}, "budget"), ({"budget": -0.1}, "budget"),
+                                        ({"budget": "0.1"}, "budget"), ({"routing": "best"}, "routing")])
+def test_a_budget_outside_the_unit_interval_is_a_422(body, field):
+    from fastapi import FastAPI
+    from fastapi.testclient import TestClient
+
+    from serving import errors
+    from serving.schemas import ScoreRequest
+
+    app = FastAPI()
+    errors.install(app)
+
+    async def score(body):
+        return {}
+
+    score.__annotations__ = {"body": ScoreRequest}
+    app.post("/score")(score)
+    r = TestClient(app).post("/score", json={"pairs": [["a", "b"]], **body})
+    assert r.status_code == 422 and r.json()["error"]["field"] == field, r.text
