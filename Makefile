@@ -20,7 +20,7 @@ TASK ?= stsb
 SWEEP_ARGS ?=
 MLFLOW_PORT ?= 5000
 
-.PHONY: venv run sweep smoke serve cluster-start cluster-stop mlflow-ui baseline study retrieval test fuzz bench chaos clean
+.PHONY: venv run sweep smoke serve serve-cascade teacher frontier backends cluster-start cluster-stop mlflow-ui baseline study retrieval test fuzz bench chaos clean
 
 venv: $(STAMP)
 $(STAMP): pyproject.toml
@@ -50,6 +50,16 @@ smoke: venv
 serve: venv
 	cluster/local.sh status >/dev/null 2>&1 || cluster/local.sh start
 	cluster/local.sh serve serving/config.yaml
+
+## the teacher as a served cross-encoder: one model on all of $(TASK)'s train split, registered in MLflow as
+## models:/cross-encoder-$(TASK)@current (about 4 min on 2 cores for STS-B after make run trained its teacher)
+teacher: venv
+	$(BIN)/python -m embed_lib teacher --task $(TASK) --teacher-preset light
+
+## the champion with the difficulty-routed cascade (serving/config_cascade.yaml); needs make run and make teacher
+serve-cascade: venv
+	cluster/local.sh status >/dev/null 2>&1 || cluster/local.sh start
+	cluster/local.sh serve serving/config_cascade.yaml
 
 cluster-start: venv
 	cluster/local.sh start
@@ -90,6 +100,14 @@ bench: venv
 	$(BIN)/python benchmarks/tune_overhead.py
 	$(BIN)/python benchmarks/serve_bench.py
 	$(BIN)/python benchmarks/serve_bench.py --direct-ingress
+
+## the cascade's quality-cost frontier (STS-B and QQP) -> results/benchmarks/cascade_frontier.{json,png}
+frontier: venv
+	$(BIN)/python benchmarks/cascade_frontier.py
+
+## torch vs ONNX Runtime fp32 / int8 for the encoder and the cross-encoder -> results/benchmarks/backends.json
+backends: venv
+	$(BIN)/python benchmarks/backends.py
 
 ## fault injection: a trial worker and a Serve replica killed mid-run (results/benchmarks/chaos.json)
 chaos: venv

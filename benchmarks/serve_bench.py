@@ -131,20 +131,25 @@ def _parse_args():
                     help="Ray Serve's direct ingress (RAY_SERVE_ENABLE_DIRECT_INGRESS=1): the ingress replica serves "
                          "HTTP on a port of its own and the load goes there (no proxy hop), as a load balancer "
                          "in front of the replicas would")
+    ap.add_argument("--encoder-backend", default="torch", choices=("torch", "onnx", "onnx-int8"),
+                    help="the encoder's backend: the adapter is trained on that backend's vectors and the service "
+                         "encodes with it (cold requests)")
+    ap.add_argument("--cross-encoder-backend", default="torch", choices=("torch", "onnx", "onnx-int8"),
+                    help="the served cross-encoder's backend")
     return ap.parse_args()
 
 
-def _register(tracking: str):
+def _register(tracking: str, encoder_backend: str = "torch"):
     """A pair-gated adapter trained on STS-B, registered as the champion; returns the study data."""
     import mlflow
 
-    from embed_lib.config import AdapterConfig
+    from embed_lib.config import AdapterConfig, EncoderConfig
     from embed_lib.registry import log_adapter_model, promote
     from embed_lib.study import load_study
     from embed_lib.train import train_seed_group
 
     mlflow.set_tracking_uri(tracking)
-    data, _ = load_study("stsb")
+    data, _ = load_study("stsb", EncoderConfig(backend=encoder_backend))
     result = train_seed_group(AdapterConfig(adapter="pair_gated", target="lexical", epochs=3), data)
     with mlflow.start_run():
         info = log_adapter_model(result, data, registered_name="pair-residual-stsb")
@@ -170,7 +175,8 @@ def _in_process(dim: int, sentences: list[str], cross_encoder: str) -> tuple[flo
     return adapter, _one_thread_pairs_per_s(lambda: ce.predict(ce_pairs, batch_size=32, show_progress_bar=False), 4.0)
 
 
-def _serve(tmp: str, tracking: str, sentences: list[str], cross_encoder: str, direct_ingress: bool) -> int:
+def _serve(tmp: str, tracking: str, sentences: list[str], cross_encoder: str, direct_ingress: bool,
+           cross_encoder_backend: str = "torch") -> int:
     """The service on a Ray of its own, caches warm; returns the port the load goes to."""
     import requests
     from ray import serve
@@ -184,7 +190,8 @@ def _serve(tmp: str, tracking: str, sentences: list[str], cross_encoder: str, di
         fh.write("\n".join(sentences))
     # one replica each: on a small node a second replica only adds contention (and starts with a cold cache)
     serve.run(build_app({"model_uri": "models:/pair-residual-stsb@champion", "tracking_uri": tracking,
-                         "cross_encoder": cross_encoder, "warm_corpus": corpus,
+                         "cross_encoder": cross_encoder, "cross_encoder_backend": cross_encoder_backend,
+                         "warm_corpus": corpus,
                          "encoder": {"min": 1, "max": 1, "num_cpus": 0.5}, "ingress": {"min": 1, "max": 1, "num_cpus": 0.5},
                          "max_inflight": 256, "max_pairs": 64}), name="bench", route_prefix="/")
     if direct_ingress:
@@ -208,12 +215,12 @@ def main() -> None:
 
     tmp = tempfile.mkdtemp()
     tracking = f"sqlite:///{tmp}/mlflow.db"
-    data = _register(tracking)
+    data = _register(tracking, args.encoder_backend)
     sentences = load_task("stsb", "validation").texts()[:2000]
     cross_encoder = os.environ.get("BENCH_CROSS_ENCODER", "minilm")
     in_process, in_process_ce = _in_process(data.X.shape[1], sentences, cross_encoder)
     ray.init(num_cpus=2, include_dashboard=False, log_to_driver=False)
-    port = _serve(tmp, tracking, sentences, cross_encoder, args.direct_ingress)
+    port = _serve(tmp, tracking, sentences, cross_encoder, args.direct_ingress, args.cross_encoder_backend)
     url = f"http://127.0.0.1:{port}/v1/score"
     cells = [(c, p) for c in ((1, 8) if args.quick else (1, 8, 32)) for p in (1, 32)]
     rows = []
@@ -233,11 +240,18 @@ def _write(args, settings, rows, in_process: float, in_process_ce: float) -> Non
     def best(path):
         return max(r["pairs_per_s"] for r in rows if r["path"] == path)
 
+    def cell(path):  # concurrency 8, 32 pairs per request
+        return next(r["pairs_per_s"] for r in rows if r["path"] == path and r["concurrency"] == 8
+                    and r["pairs_per_request"] == 32)
+
     warm, ce = best("warm adapter"), best("warm cross_encoder")
     target_cell = next((r for r in rows if r["path"] == "warm adapter" and r["concurrency"] == 8
                         and r["pairs_per_request"] == 32), None)
     name = "serve_bench_direct_ingress" if args.direct_ingress else "serve_bench"
+    if args.encoder_backend != "torch" or args.cross_encoder_backend != "torch":
+        name += f"_enc-{args.encoder_backend}_ce-{args.cross_encoder_backend}"
     write_results(name, {
+        "encoder_backend": args.encoder_backend, "cross_encoder_backend": args.cross_encoder_backend,
         "topology": "direct ingress (load to the ingress replica's own port)" if args.direct_ingress
         else "Serve HTTP proxy -> ingress replica",
         "serve_settings": {**settings, "RAY_SERVE_ENABLE_DIRECT_INGRESS": os.environ.get("RAY_SERVE_ENABLE_DIRECT_INGRESS")},
@@ -246,6 +260,7 @@ def _write(args, settings, rows, in_process: float, in_process_ce: float) -> Non
         "in_process_ratio": round(in_process / in_process_ce, 1),
         "best_warm_adapter_pairs_per_s": warm, "best_cross_encoder_pairs_per_s": ce,
         "warm_over_cross_encoder": round(warm / ce, 1), "target_ratio": 40,
+        "cold_c8_32pairs_over_cross_encoder_c8_32pairs": round(cell("cold adapter") / cell("warm cross_encoder"), 2),
         "p99_ms_c8_32pairs_warm": target_cell and target_cell["p99_ms"], "target_p99_ms": 100,
         "serve_overhead_in_process_over_served": round(in_process / warm, 1)})
 

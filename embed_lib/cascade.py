@@ -11,6 +11,10 @@ routing policy's choice:
 - `cosine_middle`: the pairs whose frozen cosine is closest to the middle of its range (`middle`, e.g.
   the median cosine of the validation pairs), the naive heuristic "undecided pairs are hard".
 
+What a routed pair gets (`combine`): the cross-encoder's score in place of the adapter's ("replace"),
+or the mean of the two ("mean": an ensemble of two scorers whose errors are only partly shared, which
+ranks better than either where the cross-encoder is not much stronger than the adapter).
+
 The same function routes in the service (serving/app.py) and in the frontier benchmark
 (benchmarks/cascade_frontier.py), so what is measured is what is served.
 """
@@ -21,6 +25,7 @@ import math
 import numpy as np
 
 POLICIES = ("difficulty", "random", "cosine_middle")
+COMBINE = ("replace", "mean")
 
 
 def n_routed(n: int, budget: float, rng: np.random.Generator) -> int:
@@ -59,10 +64,14 @@ def route(budget: float, policy: str, *, difficulty: np.ndarray | None = None, b
     return np.sort(np.argsort(-priority, kind="stable")[:k])
 
 
-def mix(adapter: np.ndarray, cross_encoder: np.ndarray, routed: np.ndarray) -> np.ndarray:
-    """Adapter scores with the routed pairs' replaced by the cross-encoder's (on the same scale).
-    `cross_encoder` is either every pair's score or only the routed pairs', in `routed` order."""
+def mix(adapter: np.ndarray, cross_encoder: np.ndarray, routed: np.ndarray, combine: str = "replace") -> np.ndarray:
+    """Adapter scores with the routed pairs' replaced by the cross-encoder's (both on the same scale), or
+    by the mean of the two (combine="mean"). `cross_encoder` is either every pair's score or only the
+    routed pairs', in `routed` order."""
+    if combine not in COMBINE:
+        raise ValueError(f"combine={combine!r}; choose one of {list(COMBINE)}.")
     out = np.array(adapter, dtype=np.float64, copy=True)
     ce = np.asarray(cross_encoder, dtype=np.float64)
-    out[routed] = ce[routed] if len(ce) == len(out) else ce
+    ce = ce[routed] if len(ce) == len(out) else ce
+    out[routed] = ce if combine == "replace" else (out[routed] + ce) / 2
     return out

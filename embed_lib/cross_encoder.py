@@ -172,8 +172,9 @@ def _signature():
 
 
 def log_cross_encoder(folder: Path, record: Mapping[str, Any], task: str, client=None) -> Any:
-    """Log the folder as an MLflow pyfunc model into the active run and register it as `cross-encoder-<task>`;
-    the version carries the teacher key and its figures as tags. Returns MLflow's ModelVersion."""
+    """Log the folder as an MLflow pyfunc model into the active run and register it as `cross-encoder-<task>`
+    with the alias `current` (what serving/config_cascade.yaml serves); the version carries the teacher key
+    and its figures as tags. Returns MLflow's ModelVersion."""
     import mlflow
 
     from embed_lib.registry import PACKAGE_DIR
@@ -196,6 +197,7 @@ def log_cross_encoder(folder: Path, record: Mapping[str, Any], task: str, client
         f"(frozen cosine {record['test_cosine_spearman']:.4f}), validation {record['validation_spearman']:.4f}; "
         f"rank-error correlation with the cosine on test {record['test_error_correlation']:.3f}. Teacher key "
         f"{record['teacher_key']}. Scores carry a calibration to the cosine's scale (teacher.json)."))
+    client.set_registered_model_alias(name, "current", version)
     return client.get_model_version(name, version)
 
 

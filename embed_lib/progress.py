@@ -26,8 +26,9 @@ class Progress:
         el = time.perf_counter() - self.t0
         rate = self.done / el if el > 0 else 0.0
         eta = (self.total - self.done) / rate if rate > 0 else float("nan")
+        speed = f"{rate:.0f}/s" if rate >= 10 else f"{rate:.2g}/s"  # slow work (a teacher's batches): 0.37/s, not 0/s
         return (f"{self.label}: {self.done}/{self.total} {self.unit} ({100 * self.done / max(self.total, 1):.0f}%), "
-                f"{rate:.0f}/s, " + (f"ETA {eta:.0f}s" if self.done < self.total else f"done in {el:.0f}s"))
+                f"{speed}, " + (f"ETA {eta:.0f}s" if self.done < self.total else f"done in {el:.0f}s"))
 
     def update(self, n: int) -> None:
         self.done += n

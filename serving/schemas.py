@@ -73,6 +73,8 @@ class ScoreRequest(BaseModel):
         "difficulty", description="cascade: which pairs go to the cross-encoder: the gate's hardest (difficulty), "
                                   "a seeded random subset (random), or the cosines nearest the middle (cosine_middle)")
     routing_seed: StrictInt = Field(0, description="cascade: seed of random routing and of the budget's rounding")
+    combine: Literal["replace", "mean"] = Field("replace", description="cascade: a routed pair's score is the "
+                                                "cross-encoder's (replace) or the mean of it and the adapter's (mean)")
     scorer: Literal["adapter", "cross_encoder"] = "adapter"
     # accepted from vLLM clients, without effect here
     encoding_format: StrictStr | None = Field(None, description="accepted for vLLM clients; ignored")
@@ -175,6 +177,7 @@ class PairScore(BaseModel):
 class CascadeInfo(BaseModel):
     budget: float = Field(description="the fraction asked for")
     routing: str
+    combine: str
     routed: int = Field(description="pairs the cross-encoder scored")
     cross_encoder: str | None = None
 

@@ -136,5 +136,5 @@ async def cascade_scores(pairs: Sequence[tuple[str, str]], out: dict[str, np.nda
                    middle=middle, seed=cascade["seed"])
     scores = out["score"].astype(np.float64)
     if len(routed):
-        scores = mix(scores, await cross_encoder([pairs[i] for i in routed]), routed)
+        scores = mix(scores, await cross_encoder([pairs[i] for i in routed]), routed, cascade.get("combine", "replace"))
     return scores, routed

@@ -110,6 +110,12 @@ def _describe_version(task: str, version: str, result, tolerance: float, teacher
     if teacher is not None and result.config.target == "ce_margin":  # the teacher whose margin gates it
         tags["teacher"] = f"{teacher['config']['model']} ({teacher.get('preset', 'custom')}), key {teacher['key']}"
     client = mlflow.MlflowClient()
+    if teacher is not None and result.config.target == "ce_margin":
+        from embed_lib.cross_encoder import find_version, model_name as ce_name
+
+        ce_version = find_version(task, teacher["key"], client)  # that teacher, registered by `embed_lib teacher`
+        if ce_version is not None:
+            tags["teacher_model"] = f"models:/{ce_name(task)}/{ce_version}"
     for k, v in tags.items():
         client.set_model_version_tag(model_name(task), version, k, v)
     client.update_model_version(model_name(task), version, description=(

@@ -138,3 +138,10 @@ def test_a_budget_outside_the_unit_interval_is_a_422(body, field):
     app.post("/score")(score)
     r = TestClient(app).post("/score", json={"pairs": [["a", "b"]], **body})
     assert r.status_code == 422 and r.json()["error"]["field"] == field, r.text
+
+
+def test_mean_combining_averages_the_routed_pairs_only():
+    routed = np.array([0, 5])
+    np.testing.assert_allclose(mix(ADAPTER, CE, routed, "mean"), [0.5, 0.2, 0.3, 0.4, 0.5, 0.5])
+    with pytest.raises(ValueError, match="combine='max'"):
+        mix(ADAPTER, CE, routed, "max")

@@ -1,0 +1,238 @@
+"""The quality-cost frontier of the cascade: Spearman against pairs/s as the cross-encoder budget grows.
+
+Per task (STS-B test, QQP test): a pair_gated adapter with the ce_margin target (5 seeds, on the K-fold
+teacher's held-out margins) scores every pair; the served teacher (`embed_lib.cross_encoder`: one
+cross-encoder on all of train, calibrated to the cosine's scale) re-scores a fraction b of them, chosen
+by each routing policy of `embed_lib.cascade` (difficulty, random, cosine_middle), for b in
+{0, 0.05, 0.1, 0.2, 0.5, 1}. Spearman per seed (the adapter's seed, and the random policy's), mean and
+spread. The cost side is measured through Ray Serve: the adapter registered in a temporary MLflow store,
+the teacher as the app's cross-encoder, closed-loop load of 32-pair requests at concurrency 8 with warm
+sentences, per budget, and the cross-encoder alone for reference.
+
+    python benchmarks/cascade_frontier.py [--tasks stsb,qqp] [--seconds 6] [--backend torch|onnx-int8]
+
+-> results/benchmarks/cascade_frontier.json (per task and policy: [{budget, spearman, spearman_std,
+pairs_per_s}]), results/benchmarks/cascade_frontier.png (quality against pairs/s, one line per policy),
+both also logged to MLflow (experiment cascade-frontier of $MLFLOW_TRACKING_URI, else ./mlflow.db).
+Targets: at b = 0.1, routing by difficulty gains >= 2x random routing's Spearman gain on STS-B test, and
+keeps >= 8x the cross-encoder's pairs/s.
+"""
+from __future__ import annotations
+
+import argparse
+import os
+import tempfile
+
+import numpy as np
+
+from _common import REPO, write_results
+
+BUDGETS = (0.0, 0.05, 0.1, 0.2, 0.5, 1.0)
+SEEDS = (0, 1, 2, 3, 4)
+
+
+def _quality(task: str, teacher_preset: str) -> dict:
+    """Per-seed test scores and gates of a ce_margin-gated adapter, the served teacher's calibrated test
+    scores, and the Spearman of every (policy, budget) point."""
+    import torch
+
+    from embed_lib.cascade import COMBINE, POLICIES, mix, route
+    from embed_lib.config import AdapterConfig
+    from embed_lib.cross_encoder import calibrate, served_teacher
+    from embed_lib.export import load_adapter, save_adapter
+    from embed_lib.metrics import spearman
+    from embed_lib.study import load_study
+    from embed_lib.tasks import SPLITS, load_splits
+    from embed_lib.teacher import teacher_preset as preset
+    from embed_lib.train import train_seed_group
+
+    teacher = preset(teacher_preset)
+    data, record = load_study(task, teacher=teacher, progress=lambda m: print(f"[{task}] {m}", flush=True))
+    splits = load_splits(task, SPLITS)
+    folder, served = served_teacher(splits, teacher, {k: data.splits[k].s0 for k in SPLITS},
+                                    progress=lambda m: print(f"[{task}] {m}", flush=True))
+    cfg = AdapterConfig(adapter="pair_gated", target="ce_margin", n_seeds=len(SEEDS), seed0=SEEDS[0])
+    result = train_seed_group(cfg, data)
+    tmp = tempfile.mkdtemp()
+    model, _, _ = load_adapter(save_adapter(f"{tmp}/a", cfg, result.state_dict, data.manifest, data.X.shape[1]))
+    test = data.splits["test"]
+    S = len(SEEDS)
+    with torch.no_grad():
+        out = model(data.X[test.ia].expand(S, -1, -1), data.X[test.ib].expand(S, -1, -1))
+    adapter, gate = out.score.numpy(), out.gate.numpy()
+    y, s0 = test.y.numpy(), test.s0
+    ce = calibrate(np.load(folder / "scores.npz")["test"], served["calibration"])
+    middle = float(np.median(data.splits["validation"].s0))
+    curves = {}
+    for combine in COMBINE:
+        for policy in POLICIES:
+            points = []
+            for b in BUDGETS:
+                per_seed = [spearman(mix(adapter[i], ce, route(b, policy, difficulty=gate[i], baseline=s0,
+                                                               middle=middle, seed=seed), combine), y)
+                            for i, seed in enumerate(SEEDS)]
+                points.append({"budget": b, "spearman": float(np.mean(per_seed)),
+                               "spearman_std": float(np.std(per_seed)), "per_seed": [round(v, 5) for v in per_seed]})
+            curves[policy if combine == "replace" else f"{policy}+mean"] = points
+    return {"task": task, "n_test": len(y), "cosine_spearman": spearman(s0, y),
+            "adapter_spearman": float(np.mean([spearman(a, y) for a in adapter])),
+            "cross_encoder_spearman": spearman(ce, y), "teacher_kfold_test_spearman": record["test_spearman"],
+            "served_teacher": {k: served[k] for k in ("recipe", "test_spearman", "validation_spearman",
+                                                      "test_error_correlation", "fit_seconds", "predict_pairs_per_s")},
+            "served_teacher_dir": str(folder), "teacher_preset": teacher_preset, "adapter": cfg.to_dict(),
+            "adapter_summary": {k: result.summary[k] for k in ("delta_val_mean", "delta_test_mean")},
+            "curves": curves, "_state": (cfg, result, data)}
+
+
+def _register(task: str, state, tracking: str) -> str:
+    import mlflow
+
+    from embed_lib.registry import log_adapter_model
+
+    cfg, result, data = state
+    mlflow.set_tracking_uri(tracking)
+    with mlflow.start_run():
+        info = log_adapter_model(result, data, registered_name=f"frontier-{task}")
+    return f"models:/frontier-{task}/{info.registered_model_version}"
+
+
+class CascadeBodies:
+    """32-pair requests over warm sentences, with a cascade budget (picklable: the load runs elsewhere)."""
+
+    def __init__(self, sentences: list[str], budget: float | None, scorer: str = "adapter", n: int = 32) -> None:
+        self.sentences, self.budget, self.scorer, self.n = sentences, budget, scorer, n
+
+    def __call__(self, k: int, i: int):
+        m = len(self.sentences)
+        pairs = [[self.sentences[(k * 97 + i * 31 + j) % m], self.sentences[(k * 13 + i * 7 + j + 1) % m]]
+                 for j in range(self.n)]
+        body = {"pairs": pairs, "scorer": self.scorer}
+        if self.budget is not None:
+            body.update(budget=self.budget, routing="difficulty", routing_seed=i)
+        return body, self.n
+
+
+def _throughput(task: str, model_uri: str, tracking: str, ce_dir: str, backend: str, seconds: float,
+                port: int) -> dict:
+    import requests
+    from ray import serve
+
+    from embed_lib.tasks import load_task
+    from serve_bench import run_load
+    from serving.app import build_app
+
+    sentences = load_task(task, "test").texts()[:2000]
+    serve.run(build_app({"model_uri": model_uri, "tracking_uri": tracking, "cross_encoder": ce_dir,
+                         "cross_encoder_backend": backend, "encoder": {"min": 1, "max": 1, "num_cpus": 0.5},
+                         "ingress": {"min": 1, "max": 1, "num_cpus": 0.5}, "max_inflight": 256, "max_pairs": 64}),
+              name=f"frontier-{task}", route_prefix="/")
+    for i in range(0, len(sentences), 1000):
+        requests.post(f"http://127.0.0.1:{port}/v1/warm", json={"texts": sentences[i: i + 1000]}, timeout=600)
+    url = f"http://127.0.0.1:{port}/v1/score"
+    rows = {}
+    for b in BUDGETS:
+        rows[b] = run_load(url, CascadeBodies(sentences, b), 8, seconds)
+        print(task, "budget", b, rows[b], flush=True)
+    ce = run_load(url, CascadeBodies(sentences, None, "cross_encoder"), 8, seconds)
+    print(task, "cross-encoder alone", ce, flush=True)
+    serve.delete(f"frontier-{task}")
+    return {"by_budget": rows, "cross_encoder": ce}
+
+
+def _plot(results: dict, path) -> None:
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    fig, axes = plt.subplots(1, len(results), figsize=(6.5 * len(results), 4.8), squeeze=False)
+    for ax, (task, r) in zip(axes[0], results.items()):
+        for policy, points in r["curves"].items():
+            xs = [p["pairs_per_s"] for p in points]
+            ax.errorbar(xs, [p["spearman"] for p in points], yerr=[p["spearman_std"] for p in points], marker="o",
+                        capsize=3, ls="--" if policy.endswith("+mean") else "-", label=policy)
+            for p in points:
+                ax.annotate(f"{p['budget']:g}", (p["pairs_per_s"], p["spearman"]), fontsize=7,
+                            textcoords="offset points", xytext=(4, -10))
+        ax.axhline(r["cosine_spearman"], color="grey", ls=":", label="frozen cosine")
+        ax.set_xscale("log")
+        ax.set_xlabel("pairs/s through Serve (c=8, 32 pairs per request; log scale)")
+        ax.set_ylabel("Spearman (test)")
+        ax.set_title(f"{task}: cascade frontier (labels: budget)")
+        ax.legend(fontsize=8)
+        ax.grid(alpha=0.3)
+    fig.tight_layout()
+    fig.savefig(path, dpi=110)
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    ap.add_argument("--tasks", default="stsb,qqp")
+    ap.add_argument("--seconds", type=float, default=6.0, help="per throughput point (default 6)")
+    ap.add_argument("--backend", default="torch", help="the served cross-encoder's backend (torch, onnx, onnx-int8)")
+    ap.add_argument("--teacher-preset", default="light", help="the teacher recipe (default light, as make run)")
+    ap.add_argument("--no-serve", action="store_true", help="quality only (no throughput through Serve)")
+    args = ap.parse_args()
+    results = {t: _quality(t, args.teacher_preset) for t in args.tasks.split(",")}
+    if not args.no_serve:
+        from serving.serve_env import apply_serve_env
+
+        apply_serve_env()
+        import ray
+        from ray import serve
+
+        tmp = tempfile.mkdtemp()
+        tracking = f"sqlite:///{tmp}/mlflow.db"
+        ray.init(num_cpus=2, include_dashboard=False, log_to_driver=False)
+        port = 8124
+        serve.start(http_options={"host": "127.0.0.1", "port": port})
+        for task, r in results.items():
+            uri = _register(task, r["_state"], tracking)
+            t = _throughput(task, uri, tracking, r["served_teacher_dir"], args.backend, args.seconds, port)
+            for points in r["curves"].values():
+                for p in points:
+                    p["pairs_per_s"] = round(t["by_budget"][p["budget"]]["pairs_per_s"], 1)
+            r["cross_encoder_pairs_per_s"] = round(t["cross_encoder"]["pairs_per_s"], 1)
+            r["p99_ms_by_budget"] = {str(b): t["by_budget"][b]["p99_ms"] for b in BUDGETS}
+        serve.shutdown()
+        ray.shutdown()
+    summary = _summarise(results, args)
+    out = write_results("cascade_frontier", summary)
+    if not args.no_serve:
+        png = out.with_suffix(".png")
+        _plot(results, png)
+        _log_mlflow(out, png)
+
+
+def _summarise(results: dict, args) -> dict:
+    for r in results.values():
+        r.pop("_state")
+        curves = r["curves"]
+        at = {p: next(x for x in curves[p] if x["budget"] == 0.1) for p in curves}
+        base = curves["random"][0]["spearman"]  # b = 0: the adapter alone (same for every policy)
+        gain = {p: at[p]["spearman"] - base for p in curves}
+        r["at_budget_0.1"] = {"gain_over_adapter": gain, **{
+            f"difficulty{c}_over_random{c}_gain": (gain[f"difficulty{c}"] / gain[f"random{c}"]
+                                                   if gain[f"random{c}"] > 0 else None) for c in ("", "+mean")}}
+        if "cross_encoder_pairs_per_s" in r:
+            r["at_budget_0.1"]["pairs_per_s_over_cross_encoder"] = round(
+                at["difficulty"]["pairs_per_s"] / r["cross_encoder_pairs_per_s"], 1)
+    return {"cross_encoder_backend": args.backend, "seconds_per_point": args.seconds, "budgets": list(BUDGETS),
+            "seeds": list(SEEDS), "tasks": results,
+            "targets": {"difficulty_over_random_gain_at_0.1": 2.0, "pairs_per_s_over_cross_encoder_at_0.1": 8.0}}
+
+
+def _log_mlflow(json_path, png_path) -> None:
+    import mlflow
+
+    from embed_lib.tracking import default_tracking_uri, set_experiment
+
+    set_experiment("cascade-frontier", os.environ.get("MLFLOW_TRACKING_URI") or default_tracking_uri())
+    with mlflow.start_run(run_name="cascade-frontier"):
+        mlflow.log_artifact(str(json_path))
+        mlflow.log_artifact(str(png_path))
+
+
+if __name__ == "__main__":
+    os.chdir(REPO)
+    main()
