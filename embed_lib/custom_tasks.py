@@ -76,19 +76,7 @@ class CustomTask:
         """The source as one table (a Hub dataset's splits in its split column)."""
         if self.source.startswith("hf:"):
             return self._hub_frame()
-        path = Path(self.source)
-        suffix = path.suffix.lower()
-        try:
-            if suffix in (".csv", ".tsv"):
-                return pd.read_csv(path, sep="\t" if suffix == ".tsv" else ",", dtype=object, keep_default_na=False,
-                                   na_values=[""])
-            if suffix in (".jsonl", ".json"):
-                return pd.read_json(path, lines=suffix == ".jsonl", dtype=False)
-            if suffix == ".parquet":
-                return pd.read_parquet(path)
-        except (ValueError, OSError) as exc:
-            raise ValueError(f"{path}: cannot be read as {suffix[1:]}: {exc}") from exc
-        raise ValueError(f"{path}: unknown file type {suffix!r}; use .csv, .tsv, .jsonl or .parquet.")
+        return read_table(Path(self.source))
 
     def _hub_frame(self) -> pd.DataFrame:
         import datasets
@@ -206,3 +194,39 @@ def register(task: CustomTask) -> str:
     splits = task.load()
     CUSTOM[task.name] = (task, splits)
     return task.name
+
+
+TABLE_SUFFIXES = (".csv", ".tsv", ".jsonl", ".json", ".parquet")
+
+
+def read_table(path: Path) -> pd.DataFrame:
+    """A .csv / .tsv / .jsonl / .json / .parquet file as a DataFrame (text kept as text)."""
+    suffix = path.suffix.lower()
+    try:
+        if suffix in (".csv", ".tsv"):
+            return pd.read_csv(path, sep="\t" if suffix == ".tsv" else ",", dtype=object, keep_default_na=False,
+                               na_values=[""])
+        if suffix in (".jsonl", ".json"):
+            return pd.read_json(path, lines=suffix == ".jsonl", dtype=False)
+        if suffix == ".parquet":
+            return pd.read_parquet(path)
+    except (ValueError, OSError) as exc:
+        raise ValueError(f"{path}: cannot be read as {suffix[1:]}: {exc}") from exc
+    raise ValueError(f"{path}: unknown file type {suffix!r}; use .csv, .tsv, .jsonl or .parquet.")
+
+
+def table_texts(path: Path, columns: list[str] | None = None) -> list[str]:
+    """The distinct non-empty texts of a table's `columns` (default: every column holding only text that is
+    not all numbers, so a CSV's label column is left out)."""
+    frame = read_table(path)
+    if columns:
+        missing = [c for c in columns if c not in frame.columns]
+        if missing:
+            raise ValueError(f"{path}: no column {missing[0]!r}; its columns: {list(frame.columns)}.")
+    else:
+        columns = [c for c in frame.columns if frame[c].map(lambda v: isinstance(v, str)).all()
+                   and not pd.to_numeric(frame[c], errors="coerce").notna().all()]
+        if not columns:
+            raise ValueError(f"{path}: no column holds only text; name the text columns.")
+    texts = (v for c in columns for v in frame[c] if isinstance(v, str) and v.strip())
+    return list(dict.fromkeys(texts))

@@ -29,7 +29,7 @@ from fastapi.responses import Response
 from ray import serve
 
 from serving.api import ERRORS, api, found_job, json_response
-from serving.args import AppArgs, Replicas
+from serving.args import AppArgs, deployment_options
 from serving.deployments import CrossEncoderScorer, EncodeError, Encoder, WarmJobs, corpus_texts, set_threads
 from serving.errors import ApiError, error_responses
 from serving.schemas import (RerankRequest, RerankResponse, ScoreRequest, ScoreResponse, TeiRank, TeiRerankRequest,
@@ -37,13 +37,6 @@ from serving.schemas import (RerankRequest, RerankResponse, ScoreRequest, ScoreR
 from serving.scorer import PairScorer, cascade_scores
 
 log = logging.getLogger("ray.serve")  # Serve's logger: lines land in the replica's log, tagged with the replica
-
-
-def _deployment_options(r: Replicas, access_log: bool = False, **extra) -> dict[str, Any]:
-    return {"ray_actor_options": {"num_cpus": r.num_cpus},
-            "logging_config": {"enable_access_log": access_log},
-            "autoscaling_config": {"min_replicas": r.min, "max_replicas": r.max, "initial_replicas": max(1, r.min),
-                                   "target_ongoing_requests": 4}, **extra}
 
 
 @serve.deployment
@@ -80,7 +73,7 @@ class Ingress:
     def _warm_near(self, corpus: str) -> None:
         from embed_lib.cache import EmbeddingCache
 
-        texts = corpus_texts(corpus)
+        texts = corpus_texts(corpus, self.args.warm_corpus_columns)
         try:
             vectors = EmbeddingCache(self.manifest).get(texts)  # no encoder here: only what is cached
         except KeyError:
@@ -156,8 +149,8 @@ class Ingress:
                 scores, routed = await cascade_scores(pairs, out, cascade, middle, self.cross_encoder.score.remote)
             except ValueError as exc:
                 raise ApiError(422, str(exc), "routing") from None
-            info = {**cascade, "routed": int(len(routed)), "cross_encoder": self.args.cross_encoder}
-            info.pop("seed")
+            info = {**{k: v for k, v in cascade.items() if k != "seed"}, "routed": int(len(routed)),
+                    "cross_encoder": self.args.cross_encoder}
         to_ce = set(routed.tolist())
         data = [{"index": i, "score": float(np.clip(scores[i], -1.0, 1.0)), "baseline": float(out["baseline"][i]),
                  "difficulty": None if np.isnan(out["difficulty"][i]) else float(out["difficulty"][i]),
@@ -288,13 +281,14 @@ def build_app(args: dict[str, Any]) -> serve.Application:
     manifest = resolve_manifest(a.model_uri, tracking_uri)
     # the alias resolved to a version now: after the alias moves, redeploying changes the ingress's
     # user_config and Serve reconfigures it in place (no replica restart, no dropped request)
-    encoder = Encoder.options(**_deployment_options(a.encoder, a.access_log)).bind(
-        manifest, a.cache_size, a.max_batch_size, a.batch_wait_timeout_s, a.warm_corpus, a.encoder.num_cpus)
+    encoder = Encoder.options(**deployment_options(a.encoder, a.access_log)).bind(
+        manifest, a.cache_size, a.max_batch_size, a.batch_wait_timeout_s, a.warm_corpus, a.encoder.num_cpus,
+        a.warm_corpus_columns)
     user_config = {"model_uri": a.model_uri, "pinned": pinned_uri(a.model_uri, tracking_uri), "manifest": manifest}
     cross = (CrossEncoderScorer.options(ray_actor_options={"num_cpus": 0.5}).bind(
         a.cross_encoder, a.cross_encoder_backend, 0.5, tracking_uri) if a.cross_encoder else None)
     jobs = WarmJobs.bind(encoder)
     # Serve's own bounds sit above the ingress's admission control: a bounded queue, never an unbounded one
     bounds = {"max_ongoing_requests": max(a.max_inflight * 2, 8), "max_queued_requests": max(a.max_inflight * 4, 16)}
-    return Ingress.options(**_deployment_options(a.ingress, a.access_log, user_config=user_config, **bounds)).bind(
+    return Ingress.options(**deployment_options(a.ingress, a.access_log, user_config=user_config, **bounds)).bind(
         encoder, cross, jobs, a.model_dump(), tracking_uri)

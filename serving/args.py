@@ -1,7 +1,7 @@
 """Typed arguments of the serving application (`serve run ... key=value`, or `args:` in config.yaml)."""
 from __future__ import annotations
 
-from typing import Literal
+from typing import Any, Literal
 
 from pydantic import BaseModel, Field
 
@@ -31,7 +31,10 @@ class AppArgs(BaseModel):
     projection_cache_size: int = Field(50_000, ge=0, description="sentences whose adapter projection (seeds x width "
                                        "floats each) each ingress replica keeps (LRU, emptied when the model changes)")
     warm_corpus: str | None = Field(None, description="pre-embed at startup: 'task:<name>' (from the embedding "
-                                    "cache embed_lib built) or a text file, one sentence per line")
+                                    "cache embed_lib built), a .csv / .tsv / .jsonl / .parquet file of your pairs, or "
+                                    "a text file, one sentence per line")
+    warm_corpus_columns: list[str] | None = Field(None, description="the text columns of a table warm_corpus "
+                                                  "(default: every column holding only text)")
     max_inflight: int = Field(64, ge=1, description="requests in flight per ingress replica before 503")
     access_log: bool = Field(False, description="per-request access logs in the replicas (each costs CPU on "
                              "every request; errors are logged either way)")
@@ -45,3 +48,11 @@ class AppArgs(BaseModel):
                                   "the cross-encoder (a request may set its own `budget`)")
     encoder: Replicas = Replicas(min=1, max=2, num_cpus=0.5)
     ingress: Replicas = Replicas(min=1, max=2, num_cpus=0.5)
+
+
+def deployment_options(r: Replicas, access_log: bool = False, **extra) -> dict[str, Any]:
+    """Serve options of a deployment from its Replicas settings."""
+    return {"ray_actor_options": {"num_cpus": r.num_cpus},
+            "logging_config": {"enable_access_log": access_log},
+            "autoscaling_config": {"min_replicas": r.min, "max_replicas": r.max, "initial_replicas": max(1, r.min),
+                                   "target_ongoing_requests": 4}, **extra}

@@ -29,12 +29,20 @@ def set_threads(num_cpus: float) -> None:
     torch.set_num_threads(max(1, int(num_cpus)))
 
 
-def corpus_texts(corpus: str) -> list[str]:
-    """'task:<name>' -> the task's distinct sentences; otherwise a text file, one sentence per line."""
+def corpus_texts(corpus: str, columns: list[str] | None = None) -> list[str]:
+    """'task:<name>' -> the task's distinct sentences; a .csv / .tsv / .jsonl / .parquet file (your own
+    pairs) -> the distinct texts of its `columns` (default: every text column); otherwise a text file,
+    one sentence per line."""
+    from pathlib import Path
+
+    from embed_lib.custom_tasks import TABLE_SUFFIXES, table_texts
+
     if corpus.startswith("task:"):
         from embed_lib.tasks import SPLITS, distinct_texts, load_splits
 
         return distinct_texts(load_splits(corpus[5:], SPLITS))
+    if Path(corpus).suffix.lower() in TABLE_SUFFIXES:
+        return table_texts(Path(corpus), columns)
     with open(corpus, encoding="utf-8") as fh:
         return list(dict.fromkeys(line.rstrip("\n") for line in fh if line.strip()))
 
@@ -65,7 +73,7 @@ class Encoder:
     """Frozen encoder of the model's manifest, with a bounded LRU of sentence vectors."""
 
     def __init__(self, manifest: dict[str, Any], cache_size: int, max_batch_size: int, batch_wait_timeout_s: float,
-                 warm_corpus: str | None, num_cpus: float) -> None:
+                 warm_corpus: str | None, num_cpus: float, warm_corpus_columns: list[str] | None = None) -> None:
         from embed_lib.cache import manifest_mismatch
         from embed_lib.config import EncoderConfig
         from embed_lib.encoders import FrozenEncoder
@@ -81,12 +89,12 @@ class Encoder:
         self._encode_batch.set_max_batch_size(max_batch_size)
         self._encode_batch.set_batch_wait_timeout_s(batch_wait_timeout_s)
         if warm_corpus:
-            self._warm_from(warm_corpus)
+            self._warm_from(warm_corpus, warm_corpus_columns)
 
-    def _warm_from(self, corpus: str) -> int:
+    def _warm_from(self, corpus: str, columns: list[str] | None = None) -> int:
         from embed_lib.cache import EmbeddingCache
 
-        texts = corpus_texts(corpus)
+        texts = corpus_texts(corpus, columns)
         # through the embedding cache embed_lib built: cached sentences are read, not encoded
         vectors = EmbeddingCache(self.manifest).get(texts, self.encoder)
         for t, v in zip(texts, vectors):

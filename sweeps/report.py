@@ -33,8 +33,13 @@ def isolation_plot(rows: list[dict[str, Any]], keys: list[str]):
     import matplotlib.pyplot as plt
 
     keys = [k for k in keys if any(k in r for r in rows)]
-    fig, axes = plt.subplots(1, max(1, len(keys)), figsize=(3 * max(1, len(keys)), 3), squeeze=False)
-    for ax, key in zip(axes[0], keys):
+    # a grid of readable panels (4 across), not one strip of many
+    cols = min(4, max(1, len(keys)))
+    nrows = -(-max(1, len(keys)) // cols)
+    fig, axes = plt.subplots(nrows, cols, figsize=(4.2 * cols, 3.4 * nrows), squeeze=False)
+    for ax in axes.flat[len(keys):]:
+        ax.axis("off")
+    for ax, key in zip(axes.flat, keys):
         xs = [r.get(key) for r in rows]
         ys = [r["delta_val_mean"] for r in rows]
         if all(isinstance(x, (int, float)) and not isinstance(x, bool) for x in xs):
@@ -44,10 +49,10 @@ def isolation_plot(rows: list[dict[str, Any]], keys: list[str]):
         else:
             cats = sorted({str(x) for x in xs})
             ax.scatter([cats.index(str(x)) for x in xs], ys, s=12)
-            ax.set_xticks(range(len(cats)), cats, rotation=30, fontsize=7)
+            ax.set_xticks(range(len(cats)), cats, rotation=30, fontsize=8)
         ax.axhline(0, color="k", lw=0.6)
-        ax.set_title(key, fontsize=9)
-    axes[0][0].set_ylabel("mean val delta")
+        ax.set_title(key, fontsize=11)
+        ax.set_ylabel("mean val delta", fontsize=9)
     fig.tight_layout()
     return fig
 

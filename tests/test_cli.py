@@ -47,3 +47,16 @@ def test_teacher_preset_flags_name_the_preset_and_the_fix():
 def test_retrieval_refuses_a_graded_task(stsb_embedded, capsys):
     assert main(["retrieval", "--task", "stsb", "--train", "--adapter", "pair_ungated", "--target", "none"]) == 2
     assert "graded; the retrieval check needs a binary duplicate task" in capsys.readouterr().err
+
+
+def test_teacher_command_and_encoder_backend_flags(capsys):
+    from embed_lib.cli import build_parser
+    from embed_lib.cli_args import encoder_config
+
+    args = build_parser().parse_args(["baseline", "--task", "stsb", "--encoder-backend", "onnx-int8"])
+    assert encoder_config(args).backend == "onnx-int8"
+    with pytest.raises(SystemExit):
+        build_parser().parse_args(["baseline", "--encoder-backend", "tensorrt"])
+    assert "invalid choice: 'tensorrt'" in capsys.readouterr().err
+    assert main(["teacher", "--task", "stsb", "--no-teacher"]) == 2
+    assert "The teacher command needs a teacher; drop --no-teacher." in capsys.readouterr().err

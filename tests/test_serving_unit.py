@@ -346,3 +346,19 @@ def test_app_args_reject_bad_cache_sizes(bad):
 
     with pytest.raises(ValidationError, match=next(iter(bad))):
         AppArgs.model_validate(bad)
+
+
+def test_a_pair_file_is_a_warm_corpus(tmp_path):
+    """Your own pairs as the warm corpus: the distinct texts of its text columns (a CSV's numeric label
+    column left out), or of the columns named."""
+    from serving.deployments import corpus_texts
+
+    f = tmp_path / "pairs.csv"
+    f.write_text("a,b,score\nA cat sleeps.,A dog runs.,3.5\nA dog runs.,Stocks fell.,0\n")
+    assert corpus_texts(str(f)) == ["A cat sleeps.", "A dog runs.", "Stocks fell."]
+    assert corpus_texts(str(f), ["b"]) == ["A dog runs.", "Stocks fell."]
+    with pytest.raises(ValueError, match="no column 'c'"):
+        corpus_texts(str(f), ["c"])
+    j = tmp_path / "pairs.jsonl"
+    j.write_text('{"q1": "How?", "q2": "Why?", "dup": 1}\n')
+    assert corpus_texts(str(j)) == ["How?", "Why?"]
