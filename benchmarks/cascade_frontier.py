@@ -31,7 +31,7 @@ BUDGETS = (0.0, 0.05, 0.1, 0.2, 0.5, 1.0)
 SEEDS = (0, 1, 2, 3, 4)
 
 
-def _quality(task: str, teacher_preset: str) -> dict:
+def _quality(task: str, teacher_preset: str, backend: str = "torch") -> dict:
     """Per-seed test scores and gates of a ce_margin-gated adapter, the served teacher's calibrated test
     scores, and the Spearman of every (policy, budget) point."""
     import torch
@@ -61,7 +61,13 @@ def _quality(task: str, teacher_preset: str) -> dict:
         out = model(data.X[test.ia].expand(S, -1, -1), data.X[test.ib].expand(S, -1, -1))
     adapter, gate = out.score.numpy(), out.gate.numpy()
     y, s0 = test.y.numpy(), test.s0
-    ce = calibrate(np.load(folder / "scores.npz")["test"], served["calibration"])
+    if backend == "torch":  # the served teacher's recorded test logits
+        z = np.load(folder / "scores.npz")["test"]
+    else:  # the backend the service will run
+        from embed_lib.cross_encoder import PairCrossEncoder
+
+        z = PairCrossEncoder(folder, backend=backend).logits(list(zip(splits["test"].sentence1, splits["test"].sentence2)))
+    ce = calibrate(z, served["calibration"])
     middle = float(np.median(data.splits["validation"].s0))
     curves = {}
     for combine in COMBINE:
@@ -173,7 +179,7 @@ def main() -> None:
     ap.add_argument("--teacher-preset", default="light", help="the teacher recipe (default light, as make run)")
     ap.add_argument("--no-serve", action="store_true", help="quality only (no throughput through Serve)")
     args = ap.parse_args()
-    results = {t: _quality(t, args.teacher_preset) for t in args.tasks.split(",")}
+    results = {t: _quality(t, args.teacher_preset, args.backend) for t in args.tasks.split(",")}
     if not args.no_serve:
         from serving.serve_env import apply_serve_env
 
@@ -197,7 +203,7 @@ def main() -> None:
         serve.shutdown()
         ray.shutdown()
     summary = _summarise(results, args)
-    out = write_results("cascade_frontier", summary)
+    out = write_results("cascade_frontier" + ("" if args.backend == "torch" else f"_{args.backend}"), summary)
     if not args.no_serve:
         png = out.with_suffix(".png")
         _plot(results, png)
