@@ -28,6 +28,23 @@ def _add_common(p: argparse.ArgumentParser) -> None:
     add_custom_data_flags(p)
 
 
+def _add_retrieval(sub) -> None:
+    p = sub.add_parser("retrieval", help="re-ranking check on a BEIR-Quora-style retrieval set (nDCG@10, MRR@10, "
+                                         "Recall@100) -> results/retrieval_<task>.{md,json}")
+    _add_common(p)
+    add_adapter_flags(p)
+    add_teacher_flags(p)
+    p.add_argument("--model-uri", default="models:/pair-residual-stsb@champion",
+                   help="registered adapter to re-rank with (default: the STS-B champion of `make run`)")
+    p.add_argument("--tracking-uri", default=None, help="MLflow tracking URI (default: $MLFLOW_TRACKING_URI)")
+    p.add_argument("--train", action="store_true",
+                   help="instead of --model-uri, train the adapter given by the adapter flags on the task's train split")
+    p.add_argument("--retrieval-split", default="test", help="the split the retrieval set is built from (default test)")
+    p.add_argument("--top-k", type=int, default=100, help="frozen-cosine candidates re-ranked (default 100)")
+    p.add_argument("--out", default=None, help="results file (default: results/retrieval_<task>.md)")
+    p.set_defaults(func=cmd_retrieval)
+
+
 def build_parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(prog="python -m embed_lib", description=__doc__,
                                      formatter_class=argparse.RawDescriptionHelpFormatter)
@@ -61,20 +78,7 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--out", default=None, help="results file (default: results/study_<task>.md)")
     p.set_defaults(func=cmd_study)
 
-    p = sub.add_parser("retrieval", help="re-ranking check on a BEIR-Quora-style retrieval set (nDCG@10, MRR@10, "
-                                         "Recall@100) -> results/retrieval_<task>.{md,json}")
-    _add_common(p)
-    add_adapter_flags(p)
-    add_teacher_flags(p)
-    p.add_argument("--model-uri", default="models:/pair-residual-stsb@champion",
-                   help="registered adapter to re-rank with (default: the STS-B champion of `make run`)")
-    p.add_argument("--tracking-uri", default=None, help="MLflow tracking URI (default: $MLFLOW_TRACKING_URI)")
-    p.add_argument("--train", action="store_true",
-                   help="instead of --model-uri, train the adapter given by the adapter flags on the task's train split")
-    p.add_argument("--retrieval-split", default="test", help="the split the retrieval set is built from (default test)")
-    p.add_argument("--top-k", type=int, default=100, help="frozen-cosine candidates re-ranked (default 100)")
-    p.add_argument("--out", default=None, help="results file (default: results/retrieval_<task>.md)")
-    p.set_defaults(func=cmd_retrieval)
+    _add_retrieval(sub)
 
     p = sub.add_parser("diagnostics", help="headroom of each difficulty signal; length collapse")
     _add_common(p)

@@ -199,17 +199,13 @@ def _make_tuner(args, trainable, run_config, fixed: dict[str, Any], space_fn, sp
     return tune.Tuner(trainable, param_space=param_space, tune_config=tune_config, run_config=run_config), space_keys
 
 
-def run_sweep(args, script: str, space_fn, space_keys: list[str], fixed: dict[str, Any],
-              start_points=None) -> dict[str, Any]:
-    """The sweep, step by step (entry scripts supply the space and the fixed values)."""
+def _settle(args, script: str, fixed: dict[str, Any]):
+    """The task validated and the run's settings derived from the flags: (limit, fixed values, transfer tasks,
+    run name, Tune storage, embedding cache)."""
     import os
-    import time
-
-    import mlflow
 
     from embed_lib.config import default_cache_dir
 
-    t0 = time.perf_counter()
     args.task = resolve_task(args, args.task)  # a pair file is validated before Ray, MLflow or the cache see it
     limit = 48 if args.smoke_test else args.limit
     if args.smoke_test:
@@ -217,13 +213,24 @@ def run_sweep(args, script: str, space_fn, space_keys: list[str], fixed: dict[st
     if args.epochs is not None:
         fixed = {**fixed, "epochs": args.epochs}
     fixed = {**fixed, "task": args.task, "n_seeds": args.seeds}
-    transfer = transfer_tasks(args.transfer, args.task)
     name = args.name or f"{script}-{args.task}" + ("-smoke" if args.smoke_test else "")
     storage = Path(args.storage_path or os.environ.get("EMBED_STORAGE_DIR") or Path.cwd() / ".cache" / "ray_results").absolute()
     cache_dir = Path(args.cache_dir).absolute() if args.cache_dir else default_cache_dir()
     os.environ.setdefault("TUNE_GLOBAL_CHECKPOINT_S", "2")  # experiment state on disk often: --resume loses little
     # a job's output is a log: MLflow's per-file download bars would print a screen of lines per model
     os.environ.setdefault("MLFLOW_ENABLE_ARTIFACTS_PROGRESS_BAR", "false")
+    return limit, fixed, transfer_tasks(args.transfer, args.task), name, storage, cache_dir
+
+
+def run_sweep(args, script: str, space_fn, space_keys: list[str], fixed: dict[str, Any],
+              start_points=None) -> dict[str, Any]:
+    """The sweep, step by step (entry scripts supply the space and the fixed values)."""
+    import time
+
+    import mlflow
+
+    t0 = time.perf_counter()
+    limit, fixed, transfer, name, storage, cache_dir = _settle(args, script, fixed)
     # 1. Ray: the cluster named by --address / $RAY_ADDRESS, else a local one
     ray.init(address=args.address, ignore_reinit_error=True, log_to_driver=False)
     # 2. MLflow: the sweep's parent run (reopened on --resume); the driver is the only writer
