@@ -101,11 +101,13 @@ def main() -> None:
                          "light --no-mlflow` first (the cross-encoder's quality is measured on it).")
     enc = _encoders(test, args.repeats)
     ce = _cross_encoders(test, args.repeats, ce_path)
+    e, c = enc["rows"], ce["rows"]
     ratios = {
-        "encoder_int8_over_torch": round(enc["rows"]["onnx-int8"]["sentences_per_s"] / enc["rows"]["torch"]["sentences_per_s"], 2),
-        "encoder_int8_spearman_delta": round(enc["rows"]["onnx-int8"]["stsb_test_spearman"] - enc["rows"]["torch"]["stsb_test_spearman"], 5),
-        "cross_encoder_int8_over_torch": round(ce["rows"]["onnx-int8"]["pairs_per_s"] / ce["rows"]["torch"]["pairs_per_s"], 2),
-        "cross_encoder_int8_spearman_delta": round(ce["rows"]["onnx-int8"]["stsb_test_spearman"] - ce["rows"]["torch"]["stsb_test_spearman"], 5),
+        "encoder_int8_over_torch": round(e["onnx-int8"]["sentences_per_s"] / e["torch"]["sentences_per_s"], 2),
+        "encoder_int8_spearman_delta": round(e["onnx-int8"]["stsb_test_spearman"] - e["torch"]["stsb_test_spearman"], 5),
+        "cross_encoder_int8_over_torch": round(c["onnx-int8"]["pairs_per_s"] / c["torch"]["pairs_per_s"], 2),
+        "cross_encoder_int8_spearman_delta": round(c["onnx-int8"]["stsb_test_spearman"]
+                                                   - c["torch"]["stsb_test_spearman"], 5),
     }
     write_results("backends", {"threads": args.threads, "repeats": args.repeats, "encoder": enc, "cross_encoder": ce,
                                "ratios": ratios, "targets": {"int8_over_torch": 2.0, "spearman_delta_abs": 0.003}})

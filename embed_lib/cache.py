@@ -7,10 +7,10 @@ Third stage of the data flow (loader -> encoder -> **cache** -> signals -> adapt
     <root>/<key>/shards/<id>.json           {"n", "dim", "dtype", "checksum", "text_hashes"}
 
 `key` hashes the parts of `FrozenEncoder.manifest()` that determine the vectors (encoder id,
-revision, weights fingerprint, pooling, tau_attn, max length, dtype, encoding-path version; the backend and prompt when set), so a
-changed manifest never reads old vectors. A shard's JSON is written last and names the checksum of
-its array: a truncated or corrupt shard is detected on load, dropped with a warning, and its
-sentences are re-encoded, never silently used.
+revision, weights fingerprint, pooling, tau_attn, max length, dtype, encoding-path version; the
+prompt and a non-torch backend when set), so a changed manifest never reads old vectors. A shard's
+JSON is written last and names the checksum of its array: a truncated or corrupt shard is detected
+on load, dropped with a warning, and its sentences are re-encoded, never silently used.
 """
 from __future__ import annotations
 

@@ -6,6 +6,9 @@ put in eval mode, and run under `torch.inference_mode`. The vector returned is t
 *before* any Normalize module: all-MiniLM-L6-v2 ends with one, and the normalisation exponents and
 the modulus constraint of the study need the magnitudes.
 
+Backends (`EncoderConfig.backend`): torch, or the same modules exported to ONNX Runtime, fp32 or int8
+(`embed_lib.onnx_backend`; checked against torch at export, part of the manifest and cache key).
+
 TempScale (`tau_attn`): every self-attention layer's logits are divided by tau_attn by scaling the
 `scaling` factor that transformers' attention modules pass to their attention kernel. tau_attn=1
 leaves the model untouched, so it reproduces the stock model bit for bit.
