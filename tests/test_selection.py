@@ -62,10 +62,24 @@ def test_leaderboard_order_and_markdown():
 
 
 def test_grid_values_parse_as_json_scalars_or_strings():
-    from sweeps.cli import parse_grid
+    from sweeps.flags import parse_grid
 
     grid = parse_grid(["gamma=0.05,0.1", "adapter=pair_gated", "learn_p=true,false", "target=none,lexical"], None)
     assert grid == {"gamma": [0.05, 0.1], "adapter": ["pair_gated"], "learn_p": [True, False],
                     "target": ["none", "lexical"]}
     with pytest.raises(ValueError, match=r"Unknown grid key\(s\) \['gama'\]"):
         parse_grid(["gama=0.1"], None)
+
+
+def test_the_sweep_driver_uses_every_core_it_may_run_on(monkeypatch):
+    """A Ray job's entrypoint inherits OMP_NUM_THREADS=1; the driver's precompute (the teacher) must not
+    stay on one core."""
+    import os
+
+    from sweeps.cli import driver_threads
+
+    monkeypatch.setenv("OMP_NUM_THREADS", "1")
+    monkeypatch.delenv("EMBED_DRIVER_THREADS", raising=False)
+    assert driver_threads() == len(os.sched_getaffinity(0))
+    monkeypatch.setenv("EMBED_DRIVER_THREADS", "3")
+    assert driver_threads() == 3
