@@ -87,7 +87,9 @@ def served_teacher(splits: Mapping[str, PairData], cfg: TeacherConfig, s0: Mappi
     record: dict[str, Any] = {
         "task": train.task, "teacher_key": folder.parent.name, "config": dataclasses.asdict(cfg),
         "recipe": ("pretrained, not trained" if cfg.pretrained else
-                   f"one model on all of train ({cfg.early_stopping_fraction:.0%} of it held out for early stopping)"),
+                   f"one model on all of train, <= {cfg.epochs} epoch(s), " + (
+                       f"{cfg.early_stopping_fraction:.0%} of train held out for early stopping"
+                       if cfg.early_stopping_fraction else "no early stopping")),
         "both_orders": cfg.both_orders, "max_length": cfg.max_length, "curve": curve,
         "fit_seconds": round(fit_seconds, 1),
         "predict_pairs_per_s": round((len(val) + len(test)) / max(predict_s, 1e-9), 1),
