@@ -178,7 +178,8 @@ class Ingress:
         cascade = None
         if body.cascade or body.budget is not None:
             cascade = {"budget": self.args.cascade_budget if body.budget is None else float(body.budget),
-                       "routing": body.routing, "seed": body.routing_seed, "combine": body.combine}
+                       "routing": body.routing or self.scorer.default_routing(), "seed": body.routing_seed,
+                       "combine": body.combine}
         out = await self._guarded(self._score_pairs(pairs, body.scorer, cascade))
         for row in out["data"]:
             row["object"] = "score"

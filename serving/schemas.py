@@ -69,9 +69,10 @@ class ScoreRequest(BaseModel):
     budget: StrictFloat | None = Field(None, ge=0, le=1, description="cascade: fraction of the pairs sent "
                                                    "to the cross-encoder (default: the app's cascade_budget); "
                                                    "setting it turns the cascade on")
-    routing: Literal["difficulty", "random", "cosine_middle"] = Field(
-        "difficulty", description="cascade: which pairs go to the cross-encoder: the gate's hardest (difficulty), "
-                                  "a seeded random subset (random), or the cosines nearest the middle (cosine_middle)")
+    routing: Literal["difficulty", "random", "cosine_middle"] | None = Field(
+        None, description="cascade: which pairs go to the cross-encoder: the gate's hardest (difficulty), a seeded "
+                          "random subset (random), or the cosines nearest the middle (cosine_middle). Default: "
+                          "difficulty when the served adapter has a gate, else cosine_middle (the response says which)")
     routing_seed: StrictInt = Field(0, description="cascade: seed of random routing and of the budget's rounding")
     combine: Literal["replace", "mean"] = Field("replace", description="cascade: a routed pair's score is the "
                                                 "cross-encoder's (replace) or the mean of it and the adapter's (mean)")

@@ -121,6 +121,11 @@ class PairScorer:
         vectors = await self.fetch([t for p in pairs for t in p], source)
         return self.score_vectors(pairs, vectors)
 
+    def default_routing(self) -> str:
+        """The cascade's routing when a request names none: the gate's difficulty where the adapter has a
+        difficulty output, else the frozen cosine's closeness to the middle."""
+        return "cosine_middle" if self.model is None or self.model.form in ("baseline", "pair_ungated") else "difficulty"
+
     def stats(self) -> dict[str, Any]:
         return {"near_cache": self.near.stats(), "projection_cache": self.projected.stats()}
 

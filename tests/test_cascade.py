@@ -145,3 +145,9 @@ def test_mean_combining_averages_the_routed_pairs_only():
     np.testing.assert_allclose(mix(ADAPTER, CE, routed, "mean"), [0.5, 0.2, 0.3, 0.4, 0.5, 0.5])
     with pytest.raises(ValueError, match="combine='max'"):
         mix(ADAPTER, CE, routed, "max")
+
+
+def test_default_routing_follows_the_served_adapter():
+    """Without `routing`, a gated adapter routes by its difficulty, an ungated one by the cosine's middle."""
+    assert _ingress("pair_gated", _FakeCrossEncoder()).scorer.default_routing() == "difficulty"
+    assert _ingress("pair_ungated", _FakeCrossEncoder()).scorer.default_routing() == "cosine_middle"
