@@ -20,6 +20,8 @@ from __future__ import annotations
 import dataclasses
 import json
 import logging
+import shutil
+import tempfile
 import time
 from pathlib import Path
 from typing import Any, Callable, Mapping, Sequence
@@ -182,10 +184,13 @@ def log_cross_encoder(folder: Path, record: Mapping[str, Any], task: str, client
     from embed_lib.registry import PACKAGE_DIR
 
     name = model_name(task)
-    info = mlflow.pyfunc.log_model(
-        name="cross_encoder", python_model=str(MODEL_FILE), artifacts={"cross_encoder": str(folder)},
-        code_paths=[str(PACKAGE_DIR)], registered_model_name=name, signature=_signature(),
-        pip_requirements=["torch", "numpy", "pandas", "safetensors", "sentence-transformers", "mlflow"])
+    with tempfile.TemporaryDirectory() as tmp:
+        # MLflow stores an artifact under its folder's own name: name it what loaders look for
+        staged = shutil.copytree(folder, Path(tmp) / "cross_encoder")
+        info = mlflow.pyfunc.log_model(
+            name="cross_encoder", python_model=str(MODEL_FILE), artifacts={"cross_encoder": str(staged)},
+            code_paths=[str(PACKAGE_DIR)], registered_model_name=name, signature=_signature(),
+            pip_requirements=["torch", "numpy", "pandas", "safetensors", "sentence-transformers", "mlflow"])
     client = client or mlflow.MlflowClient()
     version = str(info.registered_model_version)
     tags = {"teacher_key": record["teacher_key"], "backbone": record["config"]["model"],

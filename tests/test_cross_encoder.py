@@ -81,3 +81,8 @@ def test_registered_as_cross_encoder_of_the_task(served, tmp_path):
 
     out = model.predict(pd.DataFrame({"sentence1": ["A man plays a guitar."], "sentence2": ["A man plays music."]}))
     assert list(out.columns) == ["score", "logit"] and np.isfinite(out.to_numpy()).all()
+    # what the service's cross_encoder option does with a models:/ URI: download, then load the folder
+    from embed_lib.cross_encoder import resolve_cross_encoder
+
+    local = resolve_cross_encoder("models:/cross-encoder-stsb@current", uri)
+    assert PairCrossEncoder(local).record["teacher_key"] == record["teacher_key"]
