@@ -52,7 +52,7 @@ serve: venv
 	cluster/local.sh serve serving/config.yaml
 
 ## the teacher as a served cross-encoder: one model on all of $(TASK)'s train split, registered in MLflow as
-## models:/cross-encoder-$(TASK)@current (about 4 min on 2 cores for STS-B after make run trained its teacher)
+## models:/cross-encoder-$(TASK)@current (about 5 min on 2 cores for STS-B once make run has trained its teacher)
 teacher: venv
 	$(BIN)/python -m embed_lib teacher --task $(TASK) --teacher-preset light
 
