@@ -26,6 +26,7 @@ import tempfile
 import numpy as np
 
 from _common import REPO, write_results
+from serve_bench import Bodies, run_load
 
 BUDGETS = (0.0, 0.05, 0.1, 0.2, 0.5, 1.0)
 SEEDS = (0, 1, 2, 3, 4)
@@ -102,20 +103,19 @@ def _register(task: str, state, tracking: str) -> str:
     return f"models:/frontier-{task}/{info.registered_model_version}"
 
 
-class CascadeBodies:
-    """32-pair requests over warm sentences, with a cascade budget (picklable: the load runs elsewhere)."""
+class CascadeBodies(Bodies):
+    """serve_bench's warm 32-pair requests, each with a cascade budget (routing_seed varies per request, so
+    the budget's rounding averages out); budget None: no cascade."""
 
     def __init__(self, sentences: list[str], budget: float | None, scorer: str = "adapter", n: int = 32) -> None:
-        self.sentences, self.budget, self.scorer, self.n = sentences, budget, scorer, n
+        super().__init__("warm", sentences, n, scorer)
+        self.budget = budget
 
     def __call__(self, k: int, i: int):
-        m = len(self.sentences)
-        pairs = [[self.sentences[(k * 97 + i * 31 + j) % m], self.sentences[(k * 13 + i * 7 + j + 1) % m]]
-                 for j in range(self.n)]
-        body = {"pairs": pairs, "scorer": self.scorer}
+        body, n = super().__call__(k, i)
         if self.budget is not None:
             body.update(budget=self.budget, routing="difficulty", routing_seed=i)
-        return body, self.n
+        return body, n
 
 
 def _throughput(task: str, model_uri: str, tracking: str, ce_dir: str, backend: str, seconds: float,
@@ -124,7 +124,6 @@ def _throughput(task: str, model_uri: str, tracking: str, ce_dir: str, backend: 
     from ray import serve
 
     from embed_lib.tasks import load_task
-    from serve_bench import run_load
     from serving.app import build_app
 
     sentences = load_task(task, "test").texts()[:2000]

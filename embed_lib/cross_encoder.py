@@ -32,7 +32,7 @@ import torch
 from embed_lib import teacher_fit as F
 from embed_lib.config import check_backend, default_cache_dir
 from embed_lib.tasks import PairData
-from embed_lib.teacher import TeacherConfig, _load, _pairs, error_correlation, teacher_key
+from embed_lib.teacher import TeacherConfig, _load, _pairs, error_correlation, fit_on_rows, teacher_key
 
 log = logging.getLogger(__name__)
 
@@ -76,12 +76,8 @@ def served_teacher(splits: Mapping[str, PairData], cfg: TeacherConfig, s0: Mappi
     ce = _load(cfg, device)
     curve: list[dict[str, float]] = []
     if not cfg.pretrained:
-        rows = np.random.default_rng(cfg.seed * 1000 + 999).permutation(len(train))
-        n_es = int(round(cfg.early_stopping_fraction * len(train)))
-        es_rows, fit_rows = np.sort(rows[:n_es]), np.sort(rows[n_es:])
-        curve = F.fit(ce, _pairs(train, fit_rows), train.label[fit_rows], cfg, cfg.seed * 100 + 99,
-                      _pairs(train, es_rows) if n_es else None, train.label[es_rows] if n_es else None,
-                      lambda msg: progress(f"served teacher: {msg}"))
+        curve, _, _ = fit_on_rows(ce, train, np.arange(len(train)), cfg, cfg.seed * 1000 + 999, cfg.seed * 100 + 99,
+                                  lambda msg: progress(f"served teacher: {msg}"))
     fit_seconds = time.perf_counter() - t0
     t1 = time.perf_counter()
     scores = {"validation": F.predict(ce, _pairs(val), cfg), "test": F.predict(ce, _pairs(test), cfg)}
@@ -158,12 +154,15 @@ class PairCrossEncoder:
             out = (out + self._logits_one_order([[b, a] for a, b in pairs])) / 2
         return out
 
-    def score(self, pairs: Sequence[Sequence[str]]) -> np.ndarray:
-        """(n,) scores: on the frozen cosine's scale when the folder has a calibration, else sigmoid(logit)."""
-        z = self.logits(pairs)
+    def to_score(self, z: np.ndarray) -> np.ndarray:
+        """Logits -> scores: on the frozen cosine's scale when the folder has a calibration, else sigmoid."""
         if self.calibration:
             return calibrate(z, self.calibration)
-        return (1 / (1 + np.exp(-z.astype(np.float64)))).astype(np.float32)
+        return (1 / (1 + np.exp(-np.asarray(z, dtype=np.float64)))).astype(np.float32)
+
+    def score(self, pairs: Sequence[Sequence[str]]) -> np.ndarray:
+        """(n,) scores of the pairs (see `to_score`)."""
+        return self.to_score(self.logits(pairs))
 
 
 def _signature():

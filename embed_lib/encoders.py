@@ -45,6 +45,17 @@ def resolve_model(name: str) -> str:
     return ENCODER_ALIASES.get(name, name)
 
 
+def state_fingerprint(module: torch.nn.Module) -> str:
+    """Hash of every tensor of a module's state (names, shapes, dtypes, bytes): identifies the weights, not
+    the files they came from."""
+    h = hashlib.blake2b(digest_size=16)
+    for name, tensor in sorted(module.state_dict().items()):
+        t = tensor.detach().to("cpu").contiguous()
+        h.update(f"{name}:{tuple(t.shape)}:{t.dtype}".encode())
+        h.update(t.view(torch.uint8).numpy().tobytes() if t.numel() else b"")
+    return h.hexdigest()
+
+
 def best_device() -> str:
     return "cuda" if torch.cuda.is_available() else "cpu"
 
@@ -142,12 +153,7 @@ class FrozenEncoder:
     def weights_fingerprint(self) -> str:
         """Hash of every weight tensor (names, shapes, bytes): identifies the weights, not the files."""
         if self._fingerprint is None:
-            h = hashlib.blake2b(digest_size=16)
-            for name, tensor in sorted(self.model.state_dict().items()):
-                t = tensor.detach().to("cpu").contiguous()
-                h.update(f"{name}:{tuple(t.shape)}:{t.dtype}".encode())
-                h.update(t.view(torch.uint8).numpy().tobytes() if t.numel() else b"")
-            self._fingerprint = h.hexdigest()
+            self._fingerprint = state_fingerprint(self.model)
         return self._fingerprint
 
     def manifest(self) -> dict[str, Any]:

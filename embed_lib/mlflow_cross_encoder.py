@@ -8,7 +8,6 @@ calibration) and `logit` per pair.
 from __future__ import annotations
 
 import mlflow
-import numpy as np
 import pandas as pd
 from mlflow.pyfunc import PythonModel
 
@@ -20,14 +19,11 @@ class CrossEncoderModel(PythonModel):
         self.ce = PairCrossEncoder(context.artifacts["cross_encoder"])
 
     def predict(self, context, model_input: pd.DataFrame, params=None) -> pd.DataFrame:
-        from embed_lib.cross_encoder import calibrate
-
         if not {"sentence1", "sentence2"} <= set(model_input.columns):
             raise ValueError(f"Input needs columns sentence1 and sentence2; got {list(model_input.columns)}.")
         pairs = list(zip(model_input["sentence1"].astype(str), model_input["sentence2"].astype(str)))
         z = self.ce.logits(pairs)
-        score = calibrate(z, self.ce.calibration) if self.ce.calibration else 1 / (1 + np.exp(-z.astype(np.float64)))
-        return pd.DataFrame({"score": score, "logit": z})
+        return pd.DataFrame({"score": self.ce.to_score(z), "logit": z})
 
 
 mlflow.models.set_model(CrossEncoderModel())

@@ -163,17 +163,10 @@ def encoder_runner(enc, cache_root: Path) -> OnnxRunner:
                         {"tau_attn": enc.config.tau_attn, "normalize_dropped": enc.normalize_dropped})
 
 
-def cross_encoder_fingerprint(ce) -> str:
-    h = hashlib.blake2b(digest_size=16)
-    for name, tensor in sorted(ce.model.state_dict().items()):
-        t = tensor.detach().to("cpu").contiguous()
-        h.update(f"{name}:{tuple(t.shape)}:{t.dtype}".encode())
-        h.update(t.view(torch.uint8).numpy().tobytes() if t.numel() else b"")
-    return h.hexdigest()
-
-
 def cross_encoder_runner(ce, backend: str, name: str, cache_root: Path, threads: int | None = None) -> OnnxRunner:
     """The ONNX graph of a sentence-transformers CrossEncoder's logits (one per pair)."""
+    from embed_lib.encoders import state_fingerprint
+
     pairs = [[PROBE_TEXTS[i], PROBE_TEXTS[(i + 1) % len(PROBE_TEXTS)]] for i in range(len(PROBE_TEXTS))]
     ce.model.eval()
 
@@ -184,5 +177,5 @@ def cross_encoder_runner(ce, backend: str, name: str, cache_root: Path, threads:
     graph = _Graph(run, list(example), [ce.model]).eval()
     with torch.inference_mode():
         ref = run({k: v for k, v in _tensors(ce.preprocess(pairs)).items()}).float().numpy()
-    return build_runner("cross_encoder", backend, name, cross_encoder_fingerprint(ce), graph, ce.preprocess, pairs,
+    return build_runner("cross_encoder", backend, name, state_fingerprint(ce.model), graph, ce.preprocess, pairs,
                         ref, cache_root, {"max_length": ce.max_length}, threads)

@@ -149,6 +149,18 @@ def _read_cache(npz: Path, meta_path: Path, key: str, splits: Mapping[str, PairD
     return None
 
 
+def fit_on_rows(ce, train: PairData, rows: np.ndarray, cfg: TeacherConfig, split_seed: int, fit_seed: int,
+                progress: Callable[[str], None]) -> tuple[list[dict[str, float]], int, int]:
+    """Fine-tune `ce` on train[rows], a seeded `early_stopping_fraction` of them held out for early
+    stopping (never validation or test). Returns (per-epoch curve, pairs fitted, pairs held out)."""
+    n_es = int(round(cfg.early_stopping_fraction * len(rows)))
+    perm = np.random.default_rng(split_seed).permutation(rows)
+    es_rows, fit_rows = np.sort(perm[:n_es]), np.sort(perm[n_es:])
+    curve = F.fit(ce, _pairs(train, fit_rows), train.label[fit_rows], cfg, fit_seed,
+                  _pairs(train, es_rows) if n_es else None, train.label[es_rows] if n_es else None, progress)
+    return curve, len(fit_rows), n_es
+
+
 def _cross_fit(splits: Mapping[str, PairData], cfg: TeacherConfig, device: str, record: dict[str, Any],
                progress: Callable[[str], None]) -> dict[str, np.ndarray]:
     train, val, test = splits["train"], splits["validation"], splits["test"]
@@ -159,14 +171,10 @@ def _cross_fit(splits: Mapping[str, PairData], cfg: TeacherConfig, device: str, 
     for k in range(cfg.folds):
         t0 = time.perf_counter()
         ce = _load(cfg, device)
-        fit_rows, held = np.nonzero(fold_of != k)[0], np.nonzero(fold_of == k)[0]
-        n_es = int(round(cfg.early_stopping_fraction * len(fit_rows)))
-        rng = np.random.default_rng(cfg.seed * 1000 + k)
-        perm = rng.permutation(fit_rows)
-        es_rows, fit_rows = np.sort(perm[:n_es]), np.sort(perm[n_es:])
+        held = np.nonzero(fold_of == k)[0]
         say = lambda msg, k=k: progress(f"teacher fold {k + 1}/{cfg.folds}: {msg}")  # noqa: E731
-        curve = F.fit(ce, _pairs(train, fit_rows), train.label[fit_rows], cfg, cfg.seed * 100 + k,
-                     _pairs(train, es_rows) if n_es else None, train.label[es_rows] if n_es else None, say)
+        curve, n_fit, n_es = fit_on_rows(ce, train, np.nonzero(fold_of != k)[0], cfg, cfg.seed * 1000 + k,
+                                         cfg.seed * 100 + k, say)
         oof[held] = F.predict(ce, _pairs(train, held), cfg)
         t_pred = time.perf_counter()
         v = F.predict(ce, _pairs(val), cfg)
@@ -174,7 +182,7 @@ def _cross_fit(splits: Mapping[str, PairData], cfg: TeacherConfig, device: str, 
         sums["test"] += F.predict(ce, _pairs(test), cfg)
         record["predict_seconds"] = record.get("predict_seconds", 0.0) + time.perf_counter() - t_pred
         record["folds"].append({
-            "fold": k, "fit_pairs": len(fit_rows), "early_stopping_pairs": n_es, "held_out": len(held),
+            "fold": k, "fit_pairs": n_fit, "early_stopping_pairs": n_es, "held_out": len(held),
             "epochs_run": len(curve), "best_epoch": (max(curve, key=lambda c: c["early_stopping_spearman"])["epoch"]
                                                      if n_es else len(curve)),
             "curve": curve, "held_out_spearman": F.spearman_or_nan(oof[held], train.label[held]),
