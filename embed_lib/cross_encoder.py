@@ -180,7 +180,7 @@ def log_cross_encoder(folder: Path, record: Mapping[str, Any], task: str, client
     and its figures as tags. Returns MLflow's ModelVersion."""
     import mlflow
 
-    from embed_lib.registry import PACKAGE_DIR
+    from embed_lib.registry import PACKAGE_DIR, input_example
 
     name = model_name(task)
     with tempfile.TemporaryDirectory() as tmp:
@@ -189,7 +189,7 @@ def log_cross_encoder(folder: Path, record: Mapping[str, Any], task: str, client
         info = mlflow.pyfunc.log_model(
             name="cross_encoder", python_model=str(MODEL_FILE), artifacts={"cross_encoder": str(staged)},
             code_paths=[str(PACKAGE_DIR)], registered_model_name=name, signature=_signature(),
-            pip_requirements=["torch", "numpy", "pandas", "safetensors", "sentence-transformers", "mlflow"])
+            input_example=input_example(), pip_requirements=["torch", "numpy", "pandas", "safetensors", "sentence-transformers", "mlflow"])
     client = client or mlflow.MlflowClient()
     version = str(info.registered_model_version)
     tags = {"teacher_key": record["teacher_key"], "backbone": record["config"]["model"],

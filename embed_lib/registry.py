@@ -36,6 +36,17 @@ def _signature():
         outputs=Schema([ColSpec(DataType.double, c) for c in ("score", "baseline", "difficulty")]))
 
 
+#: what the MLflow UI shows as the model's input example (and what `mlflow models serve` is checked with)
+INPUT_EXAMPLE = {"sentence1": ["A man is playing a guitar.", "A cat sleeps on the sofa."],
+                 "sentence2": ["A man plays the guitar.", "Stocks fell sharply on Monday."]}
+
+
+def input_example():
+    import pandas as pd
+
+    return pd.DataFrame(INPUT_EXAMPLE)
+
+
 def log_adapter_model(result: GroupResult, data: StudyData, name: str = "model",
                       registered_name: str | None = None) -> Any:
     """Log the group as a pyfunc model into the active run; returns MLflow's ModelInfo."""
@@ -49,7 +60,7 @@ def log_adapter_model(result: GroupResult, data: StudyData, name: str = "model",
         return mlflow.pyfunc.log_model(
             name=name, python_model=str(MODEL_FILE), artifacts={"adapter": str(adapter_dir)},
             code_paths=[str(PACKAGE_DIR)], registered_model_name=registered_name, signature=signature,
-            pip_requirements=["torch", "numpy", "pandas", "safetensors", "scipy", "scikit-learn",
+            input_example=input_example(), pip_requirements=["torch", "numpy", "pandas", "safetensors", "scipy", "scikit-learn",
                               "sentence-transformers", "mlflow"])
 
 

@@ -81,6 +81,9 @@ def test_registered_as_cross_encoder_of_the_task(served, tmp_path):
 
     out = model.predict(pd.DataFrame({"sentence1": ["A man plays a guitar."], "sentence2": ["A man plays music."]}))
     assert list(out.columns) == ["score", "logit"] and np.isfinite(out.to_numpy()).all()
+    # the input example the UI shows is the registry's, and it is what the model accepts
+    example = model.input_example
+    assert list(example.columns) == ["sentence1", "sentence2"] and len(model.predict(example)) == len(example)
     # what the service's cross_encoder option does with a models:/ URI: download, then load the folder
     from embed_lib.cross_encoder import resolve_cross_encoder
 

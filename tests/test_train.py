@@ -117,6 +117,9 @@ def test_the_mlflow_model_scores_vectors_and_sentences_like_the_library(small, e
     model = mlflow.pyfunc.load_model(info.model_uri)
     signature = model.metadata.get_input_schema().input_names()
     assert signature == ["sentence1", "sentence2", "emb_a", "emb_b"]  # what the MLflow UI shows a user
+    from embed_lib.registry import INPUT_EXAMPLE
+
+    assert model.input_example.to_dict("list") == INPUT_EXAMPLE
     texts = [("A man is playing a guitar.", "A man plays the guitar."), ("A cat sleeps.", "Stocks fell sharply.")]
     xa, xb = encoder.encode([a for a, _ in texts]), encoder.encode([b for _, b in texts])
     adapter_dir = download_adapter(info.model_uri, tracking_uri=tracking)
