@@ -80,10 +80,15 @@ class SeedLayerNorm(nn.Module):
 
 
 def sim_p(a: torch.Tensor, b: torch.Tensor, p: torch.Tensor | float) -> torch.Tensor:
-    """a.b / (|a|^p |b|^p) over the last dim; (..., d) -> (...). p = 1: cosine; p = 0: dot product."""
-    na = a.norm(dim=-1).clamp_min(1e-8)
-    nb = b.norm(dim=-1).clamp_min(1e-8)
-    return (a * b).sum(-1) / (na.pow(p) * nb.pow(p))
+    """a.b / (|a|^p |b|^p) over the last dim; (..., d) -> (...). p = 1: cosine; p = 0: dot product.
+
+    Computed in float64 and returned in a's dtype, like `metrics.cosine`: float32 rounding noise would
+    otherwise depend on the batch's shape and the library, and break exact ties (a sentence with itself,
+    a pair asked twice) differently here and in the study's frozen cosine, moving Spearman by ~1e-4."""
+    a64, b64 = a.double(), b.double()
+    na = a64.norm(dim=-1).clamp_min(1e-8)
+    nb = b64.norm(dim=-1).clamp_min(1e-8)
+    return ((a64 * b64).sum(-1) / (na.pow(p) * nb.pow(p))).to(a.dtype)
 
 
 class NoveltyGate(nn.Module):

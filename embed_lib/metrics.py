@@ -82,7 +82,9 @@ def evaluate(scores, labels, binary: bool, prefix: str = "", threshold: float | 
 
 
 def cosine(a: np.ndarray, b: np.ndarray) -> np.ndarray:
-    """Row-wise cosine of (n, d) arrays -> (n,)."""
-    na = np.linalg.norm(a, axis=1)
-    nb = np.linalg.norm(b, axis=1)
-    return (a * b).sum(axis=1) / np.maximum(na * nb, 1e-12)
+    """Row-wise cosine of (n, d) arrays -> (n,), computed in float64 and returned as float32 (see
+    `adapters.sim_p`, which must give the same values: the baseline form is this cosine exactly)."""
+    a, b = np.asarray(a, dtype=np.float64), np.asarray(b, dtype=np.float64)
+    na = np.maximum(np.linalg.norm(a, axis=1), 1e-8)
+    nb = np.maximum(np.linalg.norm(b, axis=1), 1e-8)
+    return ((a * b).sum(axis=1) / (na * nb)).astype(np.float32)

@@ -58,11 +58,15 @@ class TeacherConfig:
     early_stopping_fraction: float = 0.1
     #: peak learning rate; 5e-5 with warmup and decay (2e-5 for one epoch leaves MiniLM below the cosine)
     lr: float = 5e-5
+    #: fraction of the steps spent warming the learning rate up (linear), before its linear decay to 0
     warmup: float = 0.1
+    #: AdamW weight decay (never on norms and biases)
     weight_decay: float = 0.01
     #: gradient-norm clip
     grad_clip: float = 1.0
+    #: pairs per step
     batch_size: int = 16
+    #: tokens per pair (both sentences together); longer pairs are truncated
     max_length: int = 128
     #: train on (a, b) and (b, a) and score as the mean of both orders
     both_orders: bool = True

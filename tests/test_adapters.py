@@ -133,6 +133,25 @@ def test_sim_p_by_hand():
     assert sim_p(a, b, 0.5).item() == pytest.approx(50 / math.sqrt(50))
 
 
+def test_the_cosine_is_the_same_whatever_the_batch_and_library():
+    """The baseline form's cosine (torch, batched per seed) equals the study's frozen cosine (numpy) bit for bit,
+    and a sentence with itself scores exactly 1: otherwise float32 noise breaks exact ties differently in the
+    two, and the baseline form's Spearman differs from the frozen cosine's."""
+    import numpy as np
+
+    from embed_lib.metrics import cosine
+
+    g = torch.Generator().manual_seed(0)
+    x = torch.randn(64, 384, generator=g) * torch.rand(64, 1, generator=g) * 10
+    ia, ib = torch.randint(0, 64, (500,), generator=g), torch.randint(0, 64, (500,), generator=g)
+    ib[:50] = ia[:50]  # self pairs
+    expected = cosine(x[ia].numpy(), x[ib].numpy())
+    batched = sim_p(x[ia].expand(3, -1, -1), x[ib].expand(3, -1, -1), 1.0)
+    assert batched.dtype == torch.float32 and (batched.numpy() == expected[None]).all()
+    assert (expected[:50] == 1.0).all() and (sim_p(x[ib], x[ia], 1.0).numpy() == expected).all()
+    assert np.array_equal(cosine(x[ia[:7]].numpy(), x[ib[:7]].numpy()), expected[:7])
+
+
 def test_learned_p_starts_at_its_initial_value_and_moves_the_anchor():
     xa, xb = _inputs()
     model = PairAdapter("pair_ungated", D, [0, 1, 2], p=0.5, learn_p=True, width=8, hidden=8)

@@ -66,7 +66,10 @@ def test_smoke_sweep_through_ray_job_submit(sweep_env):
 
 
 @pytest.mark.slow
-def test_grid_sweep_registers_champion_then_challenger(sweep_env):
+def test_grid_sweep_registers_champion_then_challenger(sweep_env, stsb_embedded):
+    from embed_lib.commands import baseline_rows
+
+    frozen_val = {r["split"]: r for r in baseline_rows(stsb_embedded)}["validation"]["spearman"]
     args = ["--task", "stsb", "--no-teacher", "--search", "grid", "--grid", "adapter=pair_gated",
             "--grid", "target=lexical", "--grid", "gamma=0.05,0.1", "--seeds", "2", "--epochs", "2",
             "--transfer", "mrpc,paws", "--transfer-tolerance", "1.0"]  # 2 epochs: registration, not quality
@@ -74,7 +77,7 @@ def test_grid_sweep_registers_champion_then_challenger(sweep_env):
     assert "registered pair-residual-stsb version 1 as 'champion'" in out
     client = _client(sweep_env)
     champion = client.get_model_version_by_alias("pair-residual-stsb", "champion")
-    assert str(champion.version) == "1" and float(champion.tags["val_spearman"]) > 0.867  # above the frozen cosine
+    assert str(champion.version) == "1" and float(champion.tags["val_spearman"]) > frozen_val
     # the rule and the transfer figures it was chosen on travel with the version
     assert "every transfer delta >= -1 on every seed" in champion.tags["winner_rule"]
     assert {"transfer_delta_min", "transfer_delta_min.mrpc", "transfer_delta_min.paws"} <= set(champion.tags)
