@@ -18,7 +18,7 @@ import time
 
 import numpy as np
 
-from _common import write_results
+from benchmarks._common import write_results
 
 BACKENDS = ("torch", "onnx", "onnx-int8")
 

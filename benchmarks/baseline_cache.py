@@ -10,7 +10,7 @@ import sys
 import tempfile
 import time
 
-from _common import REPO, write_results
+from benchmarks._common import REPO, write_results
 
 
 def run(task: str, cache_dir: str, out: str) -> float:

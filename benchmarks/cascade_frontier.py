@@ -25,8 +25,8 @@ import tempfile
 
 import numpy as np
 
-from _common import REPO, write_results
-from serve_bench import Bodies, run_load
+from benchmarks._common import REPO, write_results
+from benchmarks.serve_bench import Bodies, run_load
 
 BUDGETS = (0.0, 0.05, 0.1, 0.2, 0.5, 1.0)
 SEEDS = (0, 1, 2, 3, 4)

@@ -11,7 +11,7 @@ import tempfile
 import threading
 import time
 
-from _common import write_results
+from benchmarks._common import write_results
 
 
 

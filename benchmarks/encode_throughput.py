@@ -8,7 +8,7 @@ from __future__ import annotations
 import argparse
 import time
 
-from _common import write_results
+from benchmarks._common import write_results
 
 from embed_lib.config import EncoderConfig
 from embed_lib.encoders import FrozenEncoder

@@ -8,7 +8,7 @@ import dataclasses
 import time
 
 import torch
-from _common import write_results
+from benchmarks._common import write_results
 
 
 

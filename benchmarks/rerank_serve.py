@@ -13,7 +13,7 @@ import time
 import urllib.request
 
 import numpy as np
-from _common import write_results
+from benchmarks._common import write_results
 
 from embed_lib import retrieval as R
 from embed_lib.config import EncoderConfig

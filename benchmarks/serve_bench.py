@@ -21,7 +21,7 @@ import statistics
 import tempfile
 import time
 
-from _common import write_results
+from benchmarks._common import write_results
 
 
 

@@ -8,7 +8,7 @@ import argparse
 import time
 
 import torch
-from _common import REPO, write_results
+from benchmarks._common import REPO, write_results
 
 import ray
 from ray import tune

@@ -9,6 +9,8 @@ import pytest
 REPO = Path(__file__).resolve().parents[1]
 DATA_DIR = Path(os.environ.get("EMBED_DATA_DIR", REPO.parent / "shared" / "data")).absolute()
 DATA_SOURCES = ("mirror", "hub", "made")
+#: temporary directories this session made (removed when it ends)
+_OWN_TEMP_DIRS: list[Path] = []
 
 
 def _hub_reachable() -> bool:
@@ -44,6 +46,7 @@ elif DATA_SOURCE == "made":  # offline as well: the files are the tests' own
     from tests.made_data import write_mirror
 
     DATA_DIR = write_mirror(Path(tempfile.mkdtemp(prefix="embed-made-data-")))
+    _OWN_TEMP_DIRS.append(DATA_DIR)
     os.environ.update(EMBED_DATA_DIR=str(DATA_DIR), HF_HUB_OFFLINE="1")
 else:
     os.environ.pop("EMBED_DATA_DIR", None)
@@ -53,9 +56,18 @@ os.environ.setdefault("RAY_AUTH_MODE", "token")
 # a single-node Ray takes 127.0.0.1 as its node address and binds every port to loopback (cluster/local.sh
 # sets the same for the cluster; a driver connecting to it needs it as well, read when ray is imported)
 os.environ.setdefault("RAY_ENABLE_WINDOWS_OR_OSX_CLUSTER", "0")
-os.environ.setdefault("RAY_AUTH_TOKEN_PATH", str(Path(tempfile.mkdtemp(prefix="embed-ray-")) / "auth_token"))
+if "RAY_AUTH_TOKEN_PATH" not in os.environ:
+    _OWN_TEMP_DIRS.append(Path(tempfile.mkdtemp(prefix="embed-ray-")))
+    os.environ["RAY_AUTH_TOKEN_PATH"] = str(_OWN_TEMP_DIRS[-1] / "auth_token")
 # tests share one embedding cache (the encodes are the slow part); Makefile sets the same default
 CACHE_DIR = Path(os.environ.setdefault("EMBED_CACHE_DIR", str(REPO / ".cache" / "embed_lib")))
+
+
+def pytest_unconfigure(config) -> None:
+    import shutil
+
+    for d in _OWN_TEMP_DIRS:
+        shutil.rmtree(d, ignore_errors=True)
 
 
 def pytest_report_header(config) -> str:
@@ -72,6 +84,12 @@ def pytest_terminal_summary(terminalreporter) -> None:  # the header is hidden u
 def data_dir() -> Path | None:
     """The mirror-layout directory the tests read (the mirror or the made set), or None: the Hub."""
     return None if DATA_SOURCE == "hub" else DATA_DIR
+
+
+@pytest.fixture(scope="session")
+def data_source() -> str:
+    """"mirror", "hub" or "made" (see `_data_source`)."""
+    return DATA_SOURCE
 
 
 @pytest.fixture
