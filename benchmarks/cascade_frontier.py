@@ -10,8 +10,9 @@ the teacher as the app's cross-encoder, closed-loop load of 32-pair requests at 
 sentences, per budget, and the cross-encoder alone for reference.
 
     python benchmarks/cascade_frontier.py [--tasks stsb,qqp] [--seconds 6] [--backend torch|onnx-int8]
+                                          [--direct-ingress]
 
--> results/benchmarks/cascade_frontier.json (per task and policy: [{budget, spearman, spearman_std,
+-> results/benchmarks/cascade_frontier[_<backend>][_direct_ingress].json (per task and policy: [{budget, spearman, spearman_std,
 pairs_per_s}]), results/benchmarks/cascade_frontier.png (quality against pairs/s, one line per policy),
 both also logged to MLflow (experiment cascade-frontier of $MLFLOW_TRACKING_URI, else ./mlflow.db).
 Targets: at b = 0.1, routing by difficulty gains >= 2x random routing's Spearman gain on STS-B test, and
@@ -26,7 +27,7 @@ import tempfile
 import numpy as np
 
 from benchmarks._common import REPO, write_results
-from benchmarks.serve_bench import Bodies, run_load
+from benchmarks.serve_bench import Bodies, direct_ingress_port, run_load
 
 BUDGETS = (0.0, 0.05, 0.1, 0.2, 0.5, 1.0)
 SEEDS = (0, 1, 2, 3, 4)
@@ -119,7 +120,7 @@ class CascadeBodies(Bodies):
 
 
 def _throughput(task: str, model_uri: str, tracking: str, ce_dir: str, backend: str, seconds: float,
-                port: int) -> dict:
+                port: int, direct_ingress: bool = False) -> dict:
     import requests
     from ray import serve
 
@@ -131,6 +132,8 @@ def _throughput(task: str, model_uri: str, tracking: str, ce_dir: str, backend: 
                          "cross_encoder_backend": backend, "encoder": {"min": 1, "max": 1, "num_cpus": 0.5},
                          "ingress": {"min": 1, "max": 1, "num_cpus": 0.5}, "max_inflight": 256, "max_pairs": 64}),
               name=f"frontier-{task}", route_prefix="/")
+    if direct_ingress:
+        port = direct_ingress_port(f"frontier-{task}")
     for i in range(0, len(sentences), 1000):
         requests.post(f"http://127.0.0.1:{port}/v1/warm", json={"texts": sentences[i: i + 1000]}, timeout=600)
     url = f"http://127.0.0.1:{port}/v1/score"
@@ -177,12 +180,17 @@ def main() -> None:
     ap.add_argument("--backend", default="torch", help="the served cross-encoder's backend (torch, onnx, onnx-int8)")
     ap.add_argument("--teacher-preset", default="light", help="the teacher recipe (default light, as make run)")
     ap.add_argument("--no-serve", action="store_true", help="quality only (no throughput through Serve)")
+    ap.add_argument("--direct-ingress", action="store_true",
+                    help="Ray Serve's direct ingress: the load goes to the ingress replica's own HTTP port (no proxy "
+                         "hop), as in serve_bench.py --direct-ingress")
     args = ap.parse_args()
     results = {t: _quality(t, args.teacher_preset, args.backend) for t in args.tasks.split(",")}
     if not args.no_serve:
         from serving.serve_env import apply_serve_env
 
-        apply_serve_env()
+        if args.direct_ingress:
+            os.environ["RAY_SERVE_ENABLE_DIRECT_INGRESS"] = "1"
+        apply_serve_env()  # before ray.init: the local cluster's processes inherit them
         import ray
         from ray import serve
 
@@ -193,7 +201,8 @@ def main() -> None:
         serve.start(http_options={"host": "127.0.0.1", "port": port})
         for task, r in results.items():
             uri = _register(task, r["_state"], tracking)
-            t = _throughput(task, uri, tracking, r["served_teacher_dir"], args.backend, args.seconds, port)
+            t = _throughput(task, uri, tracking, r["served_teacher_dir"], args.backend, args.seconds, port,
+                            args.direct_ingress)
             for points in r["curves"].values():
                 for p in points:
                     p["pairs_per_s"] = round(t["by_budget"][p["budget"]]["pairs_per_s"], 1)
@@ -202,7 +211,8 @@ def main() -> None:
         serve.shutdown()
         ray.shutdown()
     summary = _summarise(results, args)
-    out = write_results("cascade_frontier" + ("" if args.backend == "torch" else f"_{args.backend}"), summary)
+    out = write_results("cascade_frontier" + ("" if args.backend == "torch" else f"_{args.backend}")
+                        + ("_direct_ingress" if args.direct_ingress else ""), summary)
     if not args.no_serve:
         png = out.with_suffix(".png")
         _plot(results, png)
@@ -223,6 +233,8 @@ def _summarise(results: dict, args) -> dict:
             r["at_budget_0.1"]["pairs_per_s_over_cross_encoder"] = round(
                 at["difficulty"]["pairs_per_s"] / r["cross_encoder_pairs_per_s"], 1)
     return {"cross_encoder_backend": args.backend, "seconds_per_point": args.seconds, "budgets": list(BUDGETS),
+            "topology": "direct ingress (load to the ingress replica's own port)" if args.direct_ingress
+            else "Serve HTTP proxy -> ingress replica",
             "seeds": list(SEEDS), "tasks": results,
             "targets": {"difficulty_over_random_gain_at_0.1": 2.0, "pairs_per_s_over_cross_encoder_at_0.1": 8.0}}
 
