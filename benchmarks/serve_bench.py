@@ -72,13 +72,14 @@ def _load(url: str, body_fn, concurrency: int, seconds: float, out: mp.Queue) ->
 class Bodies:
     """Picklable request factories (the load runs in another process)."""
 
-    def __init__(self, kind: str, sentences: list[str], n_pairs: int, scorer: str = "adapter") -> None:
-        self.kind, self.sentences, self.n, self.scorer = kind, sentences, n_pairs, scorer
+    def __init__(self, kind: str, sentences: list[str], n_pairs: int, scorer: str = "adapter", salt: str = "") -> None:
+        self.kind, self.sentences, self.n, self.scorer, self.salt = kind, sentences, n_pairs, scorer, salt
 
     def __call__(self, k: int, i: int):
-        if self.kind == "cold":  # sentences never seen before: the encoder must run
-            pairs = [[f"cold {k}-{i}-{j}: {self.sentences[j % len(self.sentences)]}",
-                      f"cold {k}-{i}-{j}b {self.sentences[(j + 1) % len(self.sentences)]}"] for j in range(self.n)]
+        if self.kind == "cold":  # sentences never seen before (salt: one per run and cell): the encoder must run
+            pairs = [[f"cold {self.salt}{k}-{i}-{j}: {self.sentences[j % len(self.sentences)]}",
+                      f"cold {self.salt}{k}-{i}-{j}b {self.sentences[(j + 1) % len(self.sentences)]}"]
+                     for j in range(self.n)]
         else:
             m = len(self.sentences)
             pairs = [[self.sentences[(k * 97 + i * 31 + j) % m], self.sentences[(k * 13 + i * 7 + j + 1) % m]]
@@ -233,7 +234,7 @@ def main() -> None:
         rows = []
         for kind, scorer in (("warm", "adapter"), ("cold", "adapter"), ("warm", "cross_encoder")):
             for c, p in cells:
-                res = run_load(url, Bodies(kind, sentences, p, scorer), c, args.seconds)
+                res = run_load(url, Bodies(kind, sentences, p, scorer, salt=f"r{run}c{c}p{p} "), c, args.seconds)
                 row = {"path": f"{kind} {scorer}", "concurrency": c, "pairs_per_request": p,
                        **{k: (round(v, 2) if isinstance(v, float) else v) for k, v in res.items()}}
                 rows.append(row)

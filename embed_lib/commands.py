@@ -141,7 +141,8 @@ def cmd_study(args: argparse.Namespace) -> int:
     out.write_text(f"# Study results ({args.seeds} seeds per arm)\n\nRegenerate: `{command}`\n\n"
                    "Each arm that has a gamma is shown at its own best gamma on validation from the grid "
                    f"{args.gamma_grid}. Transfer: the worst per-seed Spearman delta on the other tasks' "
-                   "validation pairs that share no sentence with this task's train split.\n\n" + text)
+                   "validation pairs that share no sentence with this task's train split (for QQP also the "
+                   "nDCG@10 delta of re-ranking its duplicates' frozen top 20).\n\n" + text)
     out.with_suffix(".json").write_text(json.dumps({"seeds": args.seeds, "gamma_grid": args.gamma_grid,
                                                     "command": command, "tasks": summary}, indent=2))
     print(f"wrote {out} and {out.with_suffix('.json')}", file=sys.stderr)

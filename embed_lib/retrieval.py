@@ -60,6 +60,53 @@ def ranking_metrics(rankings: Sequence[Sequence[int]], relevant: Sequence[set[in
             "recall@100": float(np.mean([recall_at_k(r, rel) for r, rel in zip(rankings, relevant)]))}
 
 
+#: transfer tasks whose validation pairs also make a retrieval check in every trained group (duplicate questions)
+RETRIEVAL_TRANSFER = ("qqp",)
+#: candidates the in-training check re-ranks (`python -m embed_lib retrieval` re-ranks 100): nDCG@10 of the
+#: frozen top 20 re-ordered, a fifth of the cost, and a residual bounded by gamma rarely lifts a 21st into the top 10
+CHECK_TOP_K = 20
+
+
+@dataclass
+class RetrievalCheck:
+    """A retrieval set over rows of a study's vectors, with the frozen cosine's candidates and nDCG@10."""
+
+    queries: np.ndarray  # (q,) rows
+    candidates: np.ndarray  # (q, k) rows: the frozen cosine's top k, best first
+    relevant: list[set[int]]  # per query: rows of its duplicates
+    baseline_ndcg: float  # the frozen cosine's nDCG@10 on these candidates
+
+    def pairs(self) -> tuple[np.ndarray, np.ndarray]:
+        """(q * k,) query rows and candidate rows: every pair the adapter scores."""
+        q, k = self.candidates.shape
+        return np.repeat(self.queries, k), self.candidates.reshape(-1)
+
+    def deltas(self, scores: np.ndarray) -> list[float]:
+        """(S, q * k) scores of `pairs()` per seed -> each seed's nDCG@10 minus the frozen cosine's."""
+        q, k = self.candidates.shape
+        return [float(np.mean([ndcg_at_k(r, rel) for r, rel in zip(order_by(self.candidates, s.reshape(q, k)),
+                                                                      self.relevant)])) - self.baseline_ndcg
+                for s in scores]
+
+
+def retrieval_check(vectors: np.ndarray, ia: np.ndarray, ib: np.ndarray, labels: np.ndarray,
+                    k: int = CHECK_TOP_K) -> RetrievalCheck | None:
+    """The retrieval set (module docstring) of the pairs (rows ia, ib of `vectors`), or None without duplicates."""
+    rs = build_retrieval_set(ia.tolist(), ib.tolist(), labels)
+    if not len(rs.queries):
+        return None
+    from embed_lib.metrics import cosine
+
+    rows = np.asarray(rs.texts, dtype=np.int64)  # corpus position -> row
+    queries, candidates = rows[rs.queries], rows[cosine_top_k(vectors[rows], rs.queries, k)]
+    # in the order of the frozen cosine the adapters anchor to (bit for bit), so the baseline form's delta is 0
+    s0 = cosine(vectors[np.repeat(queries, candidates.shape[1])], vectors[candidates.reshape(-1)])
+    candidates = order_by(candidates, s0.reshape(candidates.shape))
+    relevant = [{int(rows[j]) for j in rel} for rel in rs.relevant]
+    base = float(np.mean([ndcg_at_k(r, rel) for r, rel in zip(candidates, relevant)]))
+    return RetrievalCheck(queries, candidates, relevant, base)
+
+
 def cosine_top_k(vectors: np.ndarray, queries: np.ndarray, k: int = 100) -> np.ndarray:
     """(q, k) corpus rows by frozen cosine, best first, the query itself excluded."""
     v = vectors / np.maximum(np.linalg.norm(vectors, axis=1, keepdims=True), 1e-12)

@@ -1,8 +1,9 @@
 """Model selection over seed groups: the leaderboard and the do-no-harm winner rule of DESIGN.md.
 
 A configuration "wins" only if (1) its validation delta is positive on every seed and (2) it does no harm
-elsewhere: on every transfer check (another task's validation pairs, unseen in training) every seed's
-Spearman delta is >= -tolerance. Among those the best mean validation delta wins, and near-ties (within
+elsewhere: on every transfer check (another task's validation pairs, unseen in training; for duplicate
+questions also their re-ranking, `embed_lib.retrieval.RetrievalCheck`) every seed's delta (Spearman, or
+nDCG@10) is >= -tolerance. Among those the best mean validation delta wins, and near-ties (within
 `tie`) go to the smaller gamma. Test is never read here.
 """
 from __future__ import annotations

@@ -43,6 +43,7 @@ class StudyData:
     manifest: dict[str, Any]
     split_notes: dict[str, str]
     _familiarity: torch.Tensor | None = field(default=None, repr=False)
+    _retrieval: dict[str, Any] | None = field(default=None, repr=False)
 
     @property
     def targets(self) -> list[str]:
@@ -78,6 +79,19 @@ class StudyData:
             self._familiarity = out
         return self._familiarity
 
+    def retrieval_checks(self) -> dict[str, Any]:
+        """name -> `retrieval.RetrievalCheck` of every transfer split of a duplicate-question task
+        (`retrieval.RETRIEVAL_TRANSFER`): re-ranking its frozen top-k is one more do-no-harm check."""
+        if self._retrieval is None:
+            from embed_lib.retrieval import RETRIEVAL_TRANSFER, retrieval_check
+
+            X = self.X.float().cpu().numpy()
+            checks = {name: retrieval_check(X, sp.ia.cpu().numpy(), sp.ib.cpu().numpy(), sp.y.cpu().numpy())
+                      for name, sp in ((k[len(TRANSFER_PREFIX):], self.splits[k]) for k in self.transfer)
+                      if name in RETRIEVAL_TRANSFER}
+            self._retrieval = {k: v for k, v in checks.items() if v is not None}
+        return self._retrieval
+
     def to(self, dev: torch.device) -> "StudyData":
         """The same study with its tensors on `dev` (itself when already there)."""
         if self.X.device == dev:
@@ -86,7 +100,7 @@ class StudyData:
                   for k, s in self.splits.items()}
         fam = self._familiarity.to(dev) if self._familiarity is not None else None
         return StudyData(self.task, self.binary, self.X.to(dev), splits, self.sentence_target, self.manifest,
-                         self.split_notes, fam)
+                         self.split_notes, fam, self._retrieval)
 
 
 def novelty_reference_rows(data: StudyData) -> torch.Tensor:

@@ -222,6 +222,12 @@ def _evaluate(cfg: AdapterConfig, data: StudyData, fit: _Fit, evaluate_test: boo
                 per_seed[k].update(evaluate(scores[k], y, data.binary, prefix, threshold=thr_k))
             # the served model: the mean score over the seed group
             ensemble.update(evaluate(scores.mean(0), y, data.binary, prefix))
+    for name, check in data.retrieval_checks().items():  # a duplicate-question set's frozen top-k, re-ranked
+        rows = [torch.from_numpy(r).to(data.X.device) for r in check.pairs()]
+        scores, _ = score_split(model, data.X, SplitTensors(*rows, None, None), fit.fam)
+        baseline[f"transfer/{name}-retrieval/ndcg@10"] = check.baseline_ndcg
+        for k, delta in enumerate(check.deltas(scores)):
+            per_seed[k][f"transfer/{name}-retrieval/delta"] = delta
     return per_seed, baseline, ensemble, aux_out, pairs_per_s
 
 

@@ -286,7 +286,8 @@ def build_app(args: dict[str, Any]) -> serve.Application:
         manifest, a.cache_size, a.max_batch_size, a.batch_wait_timeout_s, a.warm_corpus, a.encoder.num_cpus,
         a.warm_corpus_columns)
     user_config = {"model_uri": a.model_uri, "pinned": pinned_uri(a.model_uri, tracking_uri), "manifest": manifest}
-    cross = (CrossEncoderScorer.options(ray_actor_options={"num_cpus": 0.5}).bind(
+    # enough requests in the replica at once to fill its batches (Serve's default lets in 5)
+    cross = (CrossEncoderScorer.options(ray_actor_options={"num_cpus": 0.5}, max_ongoing_requests=64).bind(
         a.cross_encoder, a.cross_encoder_backend, 0.5, tracking_uri) if a.cross_encoder else None)
     jobs = WarmJobs.bind(encoder)
     # Serve's own bounds sit above the ingress's admission control: a bounded queue, never an unbounded one

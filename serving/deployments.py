@@ -3,7 +3,9 @@
 - `Encoder`: the frozen encoder of the model's manifest, `@serve.batch`ed across requests, with a bounded
   LRU of sentence vectors. A batch that fails is retried text by text, so a text the encoder cannot take
   fails only the request that sent it, never the other requests batched with it.
-- `CrossEncoderScorer`: a cross-encoder for `scorer="cross_encoder"` and the cascade.
+- `CrossEncoderScorer`: a cross-encoder for `scorer="cross_encoder"` and the cascade, `@serve.batch`ed across
+  requests as well (a cascade sends a few pairs per request: scored one request at a time, each pass would
+  cost mostly its fixed overhead), with the same per-request isolation of a failing batch.
 - `WarmJobs` (one replica: it owns the job table): pre-embeds a large corpus in chunks, in the
   background, with progress, a bound on its size and cancellation.
 """
@@ -23,10 +25,18 @@ from serving.scorer import LRU
 log = logging.getLogger("ray.serve")
 
 
-def set_threads(num_cpus: float) -> None:
+#: batches a model deployment computes at once, each on its own thread: under concurrent load a replica with a
+#: fractional CPU share keeps a small node's cores busy, where one batch at a time would leave all but one idle
+BATCHES_IN_FLIGHT = 2
+
+
+def set_threads(num_cpus: float, batches: int = 1) -> int:
+    """torch's intra-op threads for a replica of `num_cpus` running `batches` batches at once; returns them."""
     import torch
 
-    torch.set_num_threads(max(1, int(num_cpus)))
+    threads = max(1, int(num_cpus) // batches)
+    torch.set_num_threads(threads)
+    return threads
 
 
 def corpus_texts(corpus: str, columns: list[str] | None = None) -> list[str]:
@@ -78,7 +88,7 @@ class Encoder:
         from embed_lib.config import EncoderConfig
         from embed_lib.encoders import FrozenEncoder
 
-        set_threads(num_cpus)
+        set_threads(num_cpus, BATCHES_IN_FLIGHT)
         self.encoder = FrozenEncoder(EncoderConfig.from_manifest(manifest, batch_size=max_batch_size))
         diff = manifest_mismatch(manifest, self.encoder.manifest())
         if diff:
@@ -105,7 +115,7 @@ class Encoder:
     def _encode(self, texts: list[str]) -> np.ndarray:
         return self.encoder.encode(texts, show_progress=False)
 
-    @serve.batch(max_batch_size=64, batch_wait_timeout_s=0.005)
+    @serve.batch(max_batch_size=64, batch_wait_timeout_s=0.005, max_concurrent_batches=BATCHES_IN_FLIGHT)
     async def _encode_batch(self, texts: list[str]) -> list[np.ndarray | Exception]:
         return await asyncio.to_thread(encode_isolated, self._encode, texts)
 
@@ -149,10 +159,9 @@ class CrossEncoderScorer:
     def __init__(self, model: str, backend: str, num_cpus: float, tracking_uri: str | None) -> None:
         from embed_lib.cross_encoder import PairCrossEncoder, resolve_cross_encoder
 
-        set_threads(num_cpus)
+        threads = set_threads(num_cpus, BATCHES_IN_FLIGHT)
         self.name = model
-        self.ce = PairCrossEncoder(resolve_cross_encoder(model, tracking_uri), backend=backend,
-                                   threads=max(1, int(num_cpus)))
+        self.ce = PairCrossEncoder(resolve_cross_encoder(model, tracking_uri), backend=backend, threads=threads)
 
     def info(self) -> dict[str, Any]:
         rec, cal = self.ce.record, self.ce.calibration
@@ -160,8 +169,32 @@ class CrossEncoderScorer:
                 "middle": cal["cosine"][len(cal["cosine"]) // 2] if cal else None,
                 **{k: rec[k] for k in ("teacher_key", "test_spearman", "validation_spearman", "recipe") if k in rec}}
 
+    def _score_isolated(self, requests: list[list[tuple[str, str]]]) -> list[np.ndarray | Exception]:
+        """Scores per request from one pass over all their pairs (length-sorted batches); if that fails, request
+        by request, so pairs the model cannot take fail only the request that sent them."""
+        try:
+            scores = self.ce.score([p for r in requests for p in r])
+        except Exception:  # noqa: BLE001 -- find the request(s) it came from
+            out: list[np.ndarray | Exception] = []
+            for r in requests:
+                try:
+                    out.append(self.ce.score(r))
+                except Exception as exc:  # noqa: BLE001 -- handed to the request that sent these pairs
+                    out.append(exc)
+            return out
+        bounds = np.cumsum([0, *[len(r) for r in requests]])
+        return [scores[a:b] for a, b in zip(bounds[:-1], bounds[1:])]
+
+    @serve.batch(max_batch_size=8, batch_wait_timeout_s=0.002, max_concurrent_batches=BATCHES_IN_FLIGHT)
+    async def _score_batch(self, requests: list[list[tuple[str, str]]]) -> list[np.ndarray | Exception]:
+        return await asyncio.to_thread(self._score_isolated, requests)
+
     async def score(self, pairs: list[tuple[str, str]]) -> np.ndarray:
-        return await asyncio.to_thread(self.ce.score, pairs)
+        """(n,) scores; concurrent requests (a cascade routes a few pairs of each) are scored together."""
+        out = await self._score_batch(list(pairs))
+        if isinstance(out, Exception):
+            raise out
+        return out
 
 
 @serve.deployment(num_replicas=1, ray_actor_options={"num_cpus": 0.05})

@@ -49,11 +49,12 @@ def add_sweep_args(p, *, default_samples: int) -> None:
     add_teacher_flags(p, default_preset="light")
     p.add_argument("--transfer", default="others",
                    help="do-no-harm checks: comma list of tasks whose validation pairs (those sharing no sentence "
-                        "with the sweep's train split) every trial is scored on; 'others' = every other task "
-                        "(default), 'none' = no checks")
+                        "with the sweep's train split) every trial is scored on; qqp's duplicates are also a "
+                        "retrieval check (the frozen top 20 per query re-ranked, nDCG@10); 'others' = every other "
+                        "task (default), 'none' = no checks")
     p.add_argument("--transfer-tolerance", type=float, default=0.001,
-                   help="the winner's Spearman delta on every transfer task must be >= -tolerance on every seed "
-                        "(default 0.001)")
+                   help="the winner's delta on every transfer check (Spearman; nDCG@10 for retrieval) must be "
+                        ">= -tolerance on every seed (default 0.001)")
     p.add_argument("--search", choices=["optuna", "grid"], default="optuna")
     p.add_argument("--grid", action="append", default=[], metavar="KEY=V1,V2",
                    help="grid values (with --search grid); repeatable")

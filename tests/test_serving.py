@@ -290,6 +290,42 @@ def test_health_and_model_info(served):
     assert info["limits"]["max_pairs"] == 8
 
 
+def test_a_served_cross_encoder_scores_concurrent_requests_like_the_library(served, tmp_path):
+    """A second app on the same Serve with a real cross-encoder (MiniLM with a seeded head, saved as a folder):
+    concurrent requests, batched together inside its replica, each get exactly the library's scores for their
+    own pairs, whole (scorer="cross_encoder") or routed by a cascade budget."""
+    import torch
+    from ray import serve
+    from sentence_transformers import CrossEncoder
+
+    from embed_lib.cross_encoder import PairCrossEncoder
+    from embed_lib.encoders import resolve_model
+    from serving.app import build_app
+
+    torch.manual_seed(0)
+    folder = tmp_path / "ce"
+    CrossEncoder(resolve_model("minilm"), num_labels=1, device="cpu").save(str(folder))
+    small = {"min": 1, "max": 1, "num_cpus": 0.05}
+    serve.run(build_app({**served["args"], "max_inflight": 16, "cross_encoder": str(folder), "encoder": small,
+                         "ingress": small}), name="cascade", route_prefix="/cascade")
+    try:
+        reference = PairCrossEncoder(str(folder))
+        bodies = [{"pairs": [PAIRS[i % 3], PAIRS[(i + 1) % 3]], "scorer": "cross_encoder"} for i in range(8)]
+        with cf.ThreadPoolExecutor(8) as pool:
+            answers = list(pool.map(lambda b: requests.post(served["url"] + "/cascade/v1/score", json=b, timeout=120),
+                                    bodies))
+        for body, r in zip(bodies, answers):
+            assert r.status_code == 200, r.text
+            expected = reference.score([tuple(p) for p in body["pairs"]])
+            assert [d["score"] for d in r.json()["data"]] == pytest.approx(expected.tolist(), abs=1e-5)
+        r = requests.post(served["url"] + "/cascade/v1/score", json={"pairs": PAIRS, "budget": 1.0}, timeout=120)
+        assert {d["path"] for d in r.json()["data"]} == {"cross_encoder"}
+        assert [d["score"] for d in r.json()["data"]] == pytest.approx(
+            reference.score([tuple(p) for p in PAIRS]).tolist(), abs=1e-5)
+    finally:
+        serve.delete("cascade")
+
+
 def test_warm_cache_then_hits(served):
     texts = ["warm sentence number one.", "warm sentence number two."]
     r = requests.post(served["url"] + "/v1/warm", json={"texts": texts}, timeout=60).json()

@@ -241,6 +241,35 @@ def test_encode_failures_stay_with_the_text_that_caused_them():
     assert all(isinstance(v, np.ndarray) for v in encode_isolated(encode, ["fine", "also fine"]))
 
 
+def test_a_joint_cross_encoder_pass_gives_each_request_its_scores_and_failures_stay_with_their_request():
+    """What the cross-encoder deployment's batch does with the requests Serve batched (the batching itself runs
+    only inside a replica; test_serving.py drives it there): one pass over all their pairs, split back per
+    request; pairs the model cannot take fail only the request that sent them."""
+    from serving.deployments import CrossEncoderScorer
+
+    class FakeCE:
+        def __init__(self):
+            self.calls = []
+
+        def score(self, pairs):
+            self.calls.append(list(pairs))
+            if any("poison" in a for a, _ in pairs):
+                raise TypeError("cannot take this pair")
+            return np.array([len(a) + len(b) / 100 for a, b in pairs], np.float32)
+
+    scorer = CrossEncoderScorer.func_or_class.__new__(CrossEncoderScorer.func_or_class)
+    scorer.ce = FakeCE()
+    requests = [[("a", "bb")], [("ccc", "d"), ("ee", "ffff")], [("g", "hhhhh")]]
+    out = scorer._score_isolated(requests)
+    assert scorer.ce.calls == [[p for r in requests for p in r]]  # one pass over every request's pairs
+    for r, scores in zip(requests, out):
+        np.testing.assert_allclose(scores, [len(a) + len(b) / 100 for a, b in r], rtol=1e-6)
+    scorer.ce.calls.clear()
+    out = scorer._score_isolated([requests[0], [("poison", "x")], requests[2]])
+    assert isinstance(out[1], TypeError) and out[0][0] == pytest.approx(1.02) and out[2][0] == pytest.approx(1.05)
+    assert len(scorer.ce.calls) == 4  # the joint pass, then request by request
+
+
 def test_admission_control_rejects_beyond_max_inflight_and_recovers():
     """Deterministic: with max_inflight requests held open, the next is a 503 with Retry-After; once they
     finish, requests are admitted again."""

@@ -242,3 +242,42 @@ def test_novelty_gate_leaves_unfamiliar_pairs_at_the_frozen_cosine(small):
     assert (out.score[:, ~far] - out.s0[:, ~far]).abs().max() > 1e-4
     scores, _ = score_split(model, small.X, te, fam)  # the evaluation path agrees
     np.testing.assert_allclose(scores, out.score.numpy(), atol=1e-6)
+
+
+def test_a_duplicate_question_transfer_split_is_also_a_retrieval_check():
+    """A qqp transfer split is re-ranked as well (its frozen top-k per query): the baseline form leaves nDCG@10
+    exactly where the frozen cosine has it, and a trained group's per-seed deltas are what the retrieval
+    command's own helpers (seed_scores, order_by, ranking_metrics) give on the same candidates."""
+    import torch
+
+    from embed_lib.adapters import PairAdapter
+    from embed_lib.metrics import cosine
+    from embed_lib.retrieval import CHECK_TOP_K, order_by, ranking_metrics, seed_scores
+    from embed_lib.study_data import SplitTensors, StudyData
+
+    toy = _toy_study()
+    X = toy.X
+    g = torch.Generator().manual_seed(1)
+    ia, ib = torch.randint(0, 400, (600,), generator=g), torch.randint(0, 400, (600,), generator=g)
+    y = (torch.nn.functional.cosine_similarity(X[ia, :4], X[ib, :4], dim=-1) > 0.5).float()
+    qqp = SplitTensors(ia, ib, y, cosine(X[ia].numpy(), X[ib].numpy()), {})
+    data = StudyData("toy", False, X, {**toy.splits, "transfer:qqp": qqp}, toy.sentence_target, toy.manifest,
+                     toy.split_notes)
+    check = data.retrieval_checks()["qqp"]
+    assert check.candidates.shape == (len(check.queries), CHECK_TOP_K)
+    assert not any(q in c for q, c in zip(check.queries, check.candidates))  # never the query itself
+    assert check.baseline_ndcg == pytest.approx(ranking_metrics(check.candidates, check.relevant)["ndcg@10"])
+    base = train_seed_group(AdapterConfig(task="stsb", adapter="baseline", target="none", epochs=1, n_seeds=2), data)
+    assert [s["transfer/qqp-retrieval/delta"] for s in base.per_seed] == [0.0, 0.0]
+    cfg = AdapterConfig(task="stsb", adapter="pair_ungated", target="none", gamma=0.5, epochs=5, lr=3e-3, width=32,
+                        hidden=32, batch_size=64, n_seeds=2)
+    r = train_seed_group(cfg, data)
+    model = PairAdapter.from_config(cfg, X.shape[1])
+    model.load_state_dict(r.state_dict)
+    model.eval()
+    scores = seed_scores(model, X.numpy(), check.queries, check.candidates)
+    expected = [ranking_metrics(order_by(check.candidates, s), check.relevant)["ndcg@10"] - check.baseline_ndcg
+                for s in scores]
+    assert [s["transfer/qqp-retrieval/delta"] for s in r.per_seed] == pytest.approx(expected, abs=1e-9)
+    assert any(abs(e) > 0 for e in expected)  # the residual did re-rank something
+    assert r.summary["transfer_delta_min"] <= min(expected)
