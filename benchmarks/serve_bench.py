@@ -3,8 +3,9 @@
 Starts its own Ray (2 CPUs, with the Serve settings of cluster/serve.env) and Serve on 127.0.0.1,
 registers a small STS-B adapter in a temporary MLflow store, and measures pairs/s and p50/p99 latency at
 concurrency 1, 8, 32 with 1 and 32 pairs per request for (a) the adapter with a warm embedding cache,
-(b) cold (every sentence new: encoding needed), (c) a cross-encoder served the same way; plus the
-adapter and the cross-encoder called in-process, one thread each (no Serve).
+(b) cold (every sentence new: the corpus sentences' words in a new seeded order, same lengths; encoding
+needed), (c) a cross-encoder served the same way; plus the adapter and the cross-encoder called
+in-process, one thread each (no Serve).
 Targets on 2 cores: warm adapter >= 40x the cross-encoder's pairs/s; p99 <= 100 ms at c=8, 32 pairs.
 `--runs 3` measures every cell three times on the same service; the headline figures are then the
 median over the runs, with each run's and their min / max.
@@ -76,15 +77,25 @@ class Bodies:
         self.kind, self.sentences, self.n, self.scorer, self.salt = kind, sentences, n_pairs, scorer, salt
 
     def __call__(self, k: int, i: int):
-        if self.kind == "cold":  # sentences never seen before (salt: one per run and cell): the encoder must run
-            pairs = [[f"cold {self.salt}{k}-{i}-{j}: {self.sentences[j % len(self.sentences)]}",
-                      f"cold {self.salt}{k}-{i}-{j}b {self.sentences[(j + 1) % len(self.sentences)]}"]
-                     for j in range(self.n)]
+        if self.kind == "cold":  # sentences never seen before: the encoder must run
+            m = len(self.sentences)
+            pairs = [[self._new(self.sentences[(k * 97 + i * 31 + j) % m], f"{k}-{i}-{j}a"),
+                      self._new(self.sentences[(k * 13 + i * 7 + j + 1) % m], f"{k}-{i}-{j}b")] for j in range(self.n)]
         else:
             m = len(self.sentences)
             pairs = [[self.sentences[(k * 97 + i * 31 + j) % m], self.sentences[(k * 13 + i * 7 + j + 1) % m]]
                      for j in range(self.n)]
         return {"pairs": pairs, "scorer": self.scorer}, self.n
+
+    def _new(self, sentence: str, key: str) -> str:
+        """The sentence's words in an order seeded by (salt, key): a text the service has not seen, of the same
+        length as the warm ones (a prefix would lengthen every cold text and slow the encoder unfairly)."""
+        import random
+        import zlib
+
+        words = sentence.split()
+        random.Random(zlib.crc32(f"{self.salt}{key}".encode())).shuffle(words)
+        return " ".join(words)
 
 
 def run_load(url, bodies, concurrency, seconds):

@@ -282,15 +282,16 @@ def build_app(args: dict[str, Any]) -> serve.Application:
     manifest = resolve_manifest(a.model_uri, tracking_uri)
     # the alias resolved to a version now: after the alias moves, redeploying changes the ingress's
     # user_config and Serve reconfigures it in place (no replica restart, no dropped request)
-    encoder = Encoder.options(**deployment_options(a.encoder, a.access_log)).bind(
+    # Serve's own bounds sit above the ingress's admission control: a bounded queue, never an unbounded one. The
+    # model deployments take as many requests at once as the ingress admits, so their batches can fill (at
+    # Serve's default of 5 the callers beyond it wait in the router's back-off, seconds under load)
+    bounds = {"max_ongoing_requests": max(a.max_inflight * 2, 8), "max_queued_requests": max(a.max_inflight * 4, 16)}
+    encoder = Encoder.options(**deployment_options(a.encoder, a.access_log, **bounds)).bind(
         manifest, a.cache_size, a.max_batch_size, a.batch_wait_timeout_s, a.warm_corpus, a.encoder.num_cpus,
         a.warm_corpus_columns)
     user_config = {"model_uri": a.model_uri, "pinned": pinned_uri(a.model_uri, tracking_uri), "manifest": manifest}
-    # enough requests in the replica at once to fill its batches (Serve's default lets in 5)
-    cross = (CrossEncoderScorer.options(ray_actor_options={"num_cpus": 0.5}, max_ongoing_requests=64).bind(
+    cross = (CrossEncoderScorer.options(ray_actor_options={"num_cpus": 0.5}, **bounds).bind(
         a.cross_encoder, a.cross_encoder_backend, 0.5, tracking_uri) if a.cross_encoder else None)
     jobs = WarmJobs.bind(encoder)
-    # Serve's own bounds sit above the ingress's admission control: a bounded queue, never an unbounded one
-    bounds = {"max_ongoing_requests": max(a.max_inflight * 2, 8), "max_queued_requests": max(a.max_inflight * 4, 16)}
     return Ingress.options(**deployment_options(a.ingress, a.access_log, user_config=user_config, **bounds)).bind(
         encoder, cross, jobs, a.model_dump(), tracking_uri)
