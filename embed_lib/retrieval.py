@@ -14,6 +14,8 @@ from typing import Callable, Sequence
 
 import numpy as np
 
+from embed_lib.metrics import cosine
+
 
 @dataclass
 class RetrievalSet:
@@ -62,8 +64,8 @@ def ranking_metrics(rankings: Sequence[Sequence[int]], relevant: Sequence[set[in
 
 #: transfer tasks whose validation pairs also make a retrieval check in every trained group (duplicate questions)
 RETRIEVAL_TRANSFER = ("qqp",)
-#: candidates the in-training check re-ranks (`python -m embed_lib retrieval` re-ranks 100): nDCG@10 of the
-#: frozen top 20 re-ordered, a fifth of the cost, and a residual bounded by gamma rarely lifts a 21st into the top 10
+#: candidates the in-training check re-ranks: nDCG@10 of the frozen top 20 re-ordered, a fifth of the cost of
+#: the top 100 that `python -m embed_lib retrieval` re-ranks once for the winner
 CHECK_TOP_K = 20
 
 
@@ -95,8 +97,6 @@ def retrieval_check(vectors: np.ndarray, ia: np.ndarray, ib: np.ndarray, labels:
     rs = build_retrieval_set(ia.tolist(), ib.tolist(), labels)
     if not len(rs.queries):
         return None
-    from embed_lib.metrics import cosine
-
     rows = np.asarray(rs.texts, dtype=np.int64)  # corpus position -> row
     queries, candidates = rows[rs.queries], rows[cosine_top_k(vectors[rows], rs.queries, k)]
     # in the order of the frozen cosine the adapters anchor to (bit for bit), so the baseline form's delta is 0
