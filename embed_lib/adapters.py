@@ -85,10 +85,14 @@ def sim_p(a: torch.Tensor, b: torch.Tensor, p: torch.Tensor | float) -> torch.Te
     Computed in float64 and returned in a's dtype, like `metrics.cosine`: float32 rounding noise would
     otherwise depend on the batch's shape and the library, and break exact ties (a sentence with itself,
     a pair asked twice) differently here and in the study's frozen cosine, moving Spearman by ~1e-4."""
+    S = a.shape[0] if a.dim() == 3 and a.stride(0) == 0 and b.dim() == 3 and b.stride(0) == 0 else None
+    if S is not None:  # one batch seen by every seed (an expanded view, as in scoring): the work once, not S times
+        a, b = a[0], b[0]
     a64, b64 = a.double(), b.double()
     na = a64.norm(dim=-1).clamp_min(1e-8)
     nb = b64.norm(dim=-1).clamp_min(1e-8)
-    return ((a64 * b64).sum(-1) / (na.pow(p) * nb.pow(p))).to(a.dtype)
+    out = ((a64 * b64).sum(-1) / (na.pow(p) * nb.pow(p))).to(a.dtype)  # p (S, 1) broadcasts to (S, B)
+    return out.expand(S, -1) if S is not None and out.dim() == 1 else out
 
 
 class NoveltyGate(nn.Module):
