@@ -15,7 +15,7 @@ import asyncio
 import logging
 import time
 import uuid
-from typing import Any, Callable
+from typing import Any, Callable, Sequence
 
 import numpy as np
 from ray import serve
@@ -57,19 +57,20 @@ def corpus_texts(corpus: str, columns: list[str] | None = None) -> list[str]:
         return list(dict.fromkeys(line.rstrip("\n") for line in fh if line.strip()))
 
 
-def encode_isolated(encode: Callable[[list[str]], np.ndarray], texts: list[str]) -> list[np.ndarray | Exception]:
-    """One vector per text; when the batch fails, each text alone, and the exception in place of the texts
-    that fail by themselves."""
+def run_isolated(run: Callable[[list], Sequence], items: list) -> list:
+    """One result per item from `run` over all of them (a batch Serve gathered from several requests); when
+    that fails, each item alone, and the exception in place of the items that fail by themselves, so one
+    request's bad input fails only that request."""
     try:
-        return list(encode(texts))
+        return list(run(items))
     except Exception:
-        if len(texts) == 1:
+        if len(items) == 1:
             raise
-    out: list[np.ndarray | Exception] = []
-    for t in texts:
+    out: list = []
+    for item in items:
         try:
-            out.append(encode([t])[0])
-        except Exception as exc:  # noqa: BLE001 -- handed to the request that sent this text
+            out.append(run([item])[0])
+        except Exception as exc:  # noqa: BLE001 -- handed to the request that sent this item
             out.append(exc)
     return out
 
@@ -117,7 +118,7 @@ class Encoder:
 
     @serve.batch(max_batch_size=64, batch_wait_timeout_s=0.005, max_concurrent_batches=BATCHES_IN_FLIGHT)
     async def _encode_batch(self, texts: list[str]) -> list[np.ndarray | Exception]:
-        return await asyncio.to_thread(encode_isolated, self._encode, texts)
+        return await asyncio.to_thread(run_isolated, self._encode, texts)
 
     async def embed(self, texts: list[str]) -> np.ndarray:
         """(n, d) raw vectors; cached sentences are not encoded again."""
@@ -141,7 +142,7 @@ class Encoder:
                                                                                  if t not in self.cache])
         for i in range(0, len(new), 256):
             chunk = new[i: i + 256]
-            for t, v in zip(chunk, await asyncio.to_thread(encode_isolated, self._encode, chunk)):
+            for t, v in zip(chunk, await asyncio.to_thread(run_isolated, self._encode, chunk)):
                 if not isinstance(v, Exception):
                     self.cache.put(t, v)
                     vectors[t] = v
@@ -169,21 +170,14 @@ class CrossEncoderScorer:
                 "middle": cal["cosine"][len(cal["cosine"]) // 2] if cal else None,
                 **{k: rec[k] for k in ("teacher_key", "test_spearman", "validation_spearman", "recipe") if k in rec}}
 
-    def _score_isolated(self, requests: list[list[tuple[str, str]]]) -> list[np.ndarray | Exception]:
-        """Scores per request from one pass over all their pairs (length-sorted batches); if that fails, request
-        by request, so pairs the model cannot take fail only the request that sent them."""
-        try:
-            scores = self.ce.score([p for r in requests for p in r])
-        except Exception:  # noqa: BLE001 -- find the request(s) it came from
-            out: list[np.ndarray | Exception] = []
-            for r in requests:
-                try:
-                    out.append(self.ce.score(r))
-                except Exception as exc:  # noqa: BLE001 -- handed to the request that sent these pairs
-                    out.append(exc)
-            return out
+    def _score_requests(self, requests: list[list[tuple[str, str]]]) -> list[np.ndarray]:
+        """Scores per request from one pass over all their pairs (length-sorted batches)."""
+        scores = self.ce.score([p for r in requests for p in r])
         bounds = np.cumsum([0, *[len(r) for r in requests]])
         return [scores[a:b] for a, b in zip(bounds[:-1], bounds[1:])]
+
+    def _score_isolated(self, requests: list[list[tuple[str, str]]]) -> list[np.ndarray | Exception]:
+        return run_isolated(self._score_requests, requests)
 
     @serve.batch(max_batch_size=8, batch_wait_timeout_s=0.002, max_concurrent_batches=BATCHES_IN_FLIGHT)
     async def _score_batch(self, requests: list[list[tuple[str, str]]]) -> list[np.ndarray | Exception]:

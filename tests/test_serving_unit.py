@@ -229,16 +229,16 @@ def test_one_error_shape_for_every_failure():
 
 
 def test_encode_failures_stay_with_the_text_that_caused_them():
-    from serving.deployments import encode_isolated
+    from serving.deployments import run_isolated
 
     def encode(texts):
         if any("poison" in t for t in texts):
             raise TypeError("tokenizer cannot take this")
         return np.stack([np.full(2, len(t), np.float32) for t in texts])
 
-    out = encode_isolated(encode, ["good one", "poison", "good two"])
+    out = run_isolated(encode, ["good one", "poison", "good two"])
     assert out[0][0] == 8 and out[2][0] == 8 and isinstance(out[1], TypeError)
-    assert all(isinstance(v, np.ndarray) for v in encode_isolated(encode, ["fine", "also fine"]))
+    assert all(isinstance(v, np.ndarray) for v in run_isolated(encode, ["fine", "also fine"]))
 
 
 def test_a_joint_cross_encoder_pass_gives_each_request_its_scores_and_failures_stay_with_their_request():
