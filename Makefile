@@ -85,9 +85,12 @@ study: venv
 retrieval: venv
 	$(BIN)/python -m embed_lib retrieval --task qqp
 
+## the whole suite (slow and integration tests included), a module per worker: most of its time is spent
+## waiting on Ray, Serve and subprocesses, so two workers finish sooner even on 2 cores (TEST_WORKERS=0: serial)
+TEST_WORKERS ?= 2
 test: venv
 	@echo "$(DATA_NOTE)"
-	$(BIN)/python -m pytest -q
+	$(BIN)/python -m pytest -q $(if $(filter 0,$(TEST_WORKERS)),,-n $(TEST_WORKERS) --dist loadfile)
 
 ## the API fuzz run alone (2000 generated bodies; part of `make test` too) -> results/benchmarks/fuzz.json
 fuzz: venv

@@ -158,14 +158,16 @@ def free_ports(n: int) -> list[int]:
 
 
 @pytest.fixture(scope="session")
-def ray_cluster(tmp_path_factory):
+def ray_cluster():
     """A real local Ray cluster of the tests' own (own state dir, ports and token), stopped at the end.
 
     Yields the environment that clients (`cluster/local.sh submit`, `ray.init`) need to reach it.
     """
     import subprocess
 
-    state = tmp_path_factory.mktemp("ray")
+    # short: Ray's socket paths must fit 107 bytes, and pytest-xdist's per-worker base temp is too deep
+    state = Path(tempfile.mkdtemp(prefix="ray-"))
+    _OWN_TEMP_DIRS.append(state)
     names = ("RAY_PORT", "RAY_DASHBOARD_PORT", "RAY_CLIENT_PORT", "RAY_AGENT_PORT", "RAY_AGENT_GRPC_PORT",
              "RAY_RUNTIME_ENV_AGENT_PORT", "RAY_METRICS_PORT", "DASHBOARD_METRIC_PORT", "AUTOSCALER_METRIC_PORT")
     env = dict(os.environ, EMBED_RAY_DIR=str(state), RAY_NUM_CPUS="2", VENV=str(Path(os.sys.executable).parents[1]),
