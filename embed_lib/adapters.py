@@ -12,7 +12,8 @@ Forms (DESIGN.md sections 2, 4, 5), all reproducing the anchor s0 exactly at ini
 - "pair_ungated": s = s0 + gamma * tanh(MLP_d(phi)), phi = [|h_a - h_b|, h_a * h_b],
   h = LayerNorm(W x + b);
 - "pair_gated": s = s0 + gamma * g * tanh(MLP_d(phi)), g = sigmoid(MLP_g(phi)) supervised towards a
-  difficulty target; control "constant": g = 1/2;
+  difficulty target; control "constant": g = 1/2. By default the score uses g as a fixed weight (no task
+  gradient reaches MLP_g: it learns its target only); `gate_task_grad=True` trains it jointly;
 - "per_sentence" (DESIGN.md section 2, as the reference study defines it): h = LayerNorm(W x + b) in the
   embedding's own dimension d, c = sigmoid(MLP_c(h)), alpha = 1 + alpha0 * tanh(G([h, c])) a vector over
   the d working dimensions, u = normalize(alpha * h), s = cos(u_a, u_b). It starts from cos(h_a, h_b),
@@ -137,13 +138,14 @@ class PairAdapter(nn.Module):
 
     def __init__(self, form: str, dim: int, seeds: list[int], *, control: str = "none", width: int = 128,
                  hidden: int = 128, gamma: float = 0.1, alpha0: float = 0.5, p: float = 1.0,
-                 learn_p: bool = False, novelty: NoveltyGate | None = None) -> None:
+                 learn_p: bool = False, novelty: NoveltyGate | None = None, gate_task_grad: bool = False) -> None:
         super().__init__()
         if form not in FORMS:
             raise ValueError(f"Unknown adapter form {form!r}. Valid forms: {list(FORMS)}.")
         if control not in CONTROLS[form]:
             raise ValueError(f"Control {control!r} does not apply to form {form!r}. Valid: {list(CONTROLS[form])}.")
         self.form, self.control, self.gamma, self.alpha0 = form, control, gamma, alpha0
+        self.gate_task_grad = gate_task_grad
         self.seeds, S = list(seeds), len(seeds)
         self.learn_p = learn_p
         if learn_p:
@@ -179,7 +181,8 @@ class PairAdapter(nn.Module):
     def from_config(cls, cfg, dim: int, novelty: NoveltyGate | None = None) -> "PairAdapter":
         """The adapter an `AdapterConfig` describes, over `dim`-dimensional vectors."""
         return cls(cfg.adapter, dim, cfg.seeds, control=cfg.control, width=cfg.width, hidden=cfg.hidden,
-                   gamma=cfg.gamma, alpha0=cfg.alpha0, p=cfg.p, learn_p=cfg.learn_p, novelty=novelty)
+                   gamma=cfg.gamma, alpha0=cfg.alpha0, p=cfg.p, learn_p=cfg.learn_p, novelty=novelty,
+                   gate_task_grad=cfg.gate_task_grad)
 
     @property
     def p(self) -> torch.Tensor:
@@ -229,8 +232,10 @@ class PairAdapter(nn.Module):
                 return AdapterOutput(s0 + step, s0, **norms)
             g = (torch.full_like(step, 0.5) if self.control == "constant"
                  else torch.sigmoid(self.gate(phi)).squeeze(-1))
-            # where w_nov = 0 the product is exactly 0: the frozen score, to the last bit
-            return AdapterOutput(s0 + g * step, s0, gate=g, **norms)
+            # the gate's own supervision reaches it through `gate`; the score's weight is detached unless the
+            # gate trains jointly. Where w_nov = 0 the product is exactly 0: the frozen score, to the last bit
+            weight = g if self.gate_task_grad else g.detach()
+            return AdapterOutput(s0 + weight * step, s0, gate=g, **norms)
         ca, cb = self._complexity(ha), self._complexity(hb)
         va, vb = self._scaled(ha, ca), self._scaled(hb, cb)  # alpha * h, before normalisation
         ua, ub = F.normalize(va, dim=-1), F.normalize(vb, dim=-1)

@@ -70,8 +70,9 @@ def build_parser() -> argparse.ArgumentParser:
     add_teacher_flags(p)
     p.add_argument("--arms", choices=["all", "pair", "per_sentence"], default="all",
                    help="the standard arms to run: all (default), or only the pair / per-sentence forms")
-    p.add_argument("--gamma-grid", default="0.05,0.1,0.2",
-                   help="gammas every arm with a gamma is trained at; each arm keeps its best on validation")
+    p.add_argument("--gamma-grid", default="0.05,0.1,0.2,0.5,1.0",
+                   help="gammas every arm with a gamma is trained at; each arm keeps its best on validation "
+                        "(default 0.05,0.1,0.2,0.5,1.0: a gate that learns its target only needs the larger ones)")
     p.add_argument("--transfer", action=argparse.BooleanOptionalAction, default=True,
                    help="score every arm on the other tasks' validation pairs (default on)")
     p.add_argument("--limit", type=int, default=None, help="first N pairs of every split (smoke tests)")

@@ -157,6 +157,10 @@ class AdapterConfig:
     #: [S] weight of the gate / complexity supervision MSE(g or c, target). With cosent at tau=0.05 the task
     #: gradients are scaled by 1/tau = 20, so a weight near 1 is swamped: sweep it over orders of magnitude.
     lambda_c: float = 10.0
+    #: [S] pair_gated: let the task loss train the gate as well ("joint gate"). False (default): the gate learns
+    #: only its difficulty target and the score uses it as a fixed weight, so the gate carries the signal and
+    #: not extra capacity (a jointly trained gate with shuffled targets gains as much as with the real ones)
+    gate_task_grad: bool = False
     #: [S] weight of the modulus constraint (norm alignment of similar pairs)
     lambda_mod: float = 0.0
     #: [S] anchoring: weight of the residual-magnitude penalty mean(((s - s0) / gamma)^2) / tau (pair forms);

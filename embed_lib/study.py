@@ -115,6 +115,10 @@ STANDARD_ARMS: list[tuple[str, dict[str, Any]]] = [
     ("pair gated (lexical)", dict(adapter="pair_gated", target="lexical")),
     ("pair gated (ce_margin)", dict(adapter="pair_gated", target="ce_margin")),
     ("pair gated (ce_margin), shuffled target", dict(adapter="pair_gated", control="shuffled", target="ce_margin")),
+    # the gate trained by the task loss as well: the first study's gate, whose gain was capacity, not the signal
+    ("pair gated (ce_margin), joint gate", dict(adapter="pair_gated", target="ce_margin", gate_task_grad=True)),
+    ("pair gated (ce_margin), shuffled target, joint gate",
+     dict(adapter="pair_gated", control="shuffled", target="ce_margin", gate_task_grad=True)),
     ("pair gated, constant gate", dict(adapter="pair_gated", control="constant", target="none")),
     # anchoring (issue: do no harm outside the training data), same seeds
     ("pair gated (ce_margin) + magnitude penalty", dict(adapter="pair_gated", target="ce_margin", lambda_delta=1.0)),
@@ -163,6 +167,7 @@ def _paired_diff(a: GroupResult, b: GroupResult, key: str = "delta_test") -> str
 
 ISOLATION_PAIRS = [("pair gated (ce_margin)", "pair gated (ce_margin), shuffled target"),
                    ("pair gated (ce_margin)", "pair gated, constant gate"),
+                   ("pair gated (ce_margin), joint gate", "pair gated (ce_margin), shuffled target, joint gate"),
                    ("pair gated (lexical)", "pair gated, constant gate"),
                    ("per-sentence (surface)", "per-sentence (surface), shuffled c"),
                    ("per-sentence (surface)", "per-sentence (surface), constant c"),

@@ -211,3 +211,26 @@ def test_cached_projections_score_exactly_like_the_full_forward(form, control):
     cached = ensemble_scores(model, xa, xb, ha, hb)
     for key in ("score", "baseline", "difficulty"):
         np.testing.assert_allclose(cached[key], full[key], rtol=0, atol=1e-6)
+
+
+@pytest.mark.parametrize("gate_task_grad", [False, True])
+def test_the_task_loss_reaches_the_gate_only_when_it_trains_jointly(gate_task_grad):
+    """By default the gate learns its difficulty target alone: a loss on the score leaves the gate MLP without
+    gradient (the residual MLP gets one); the target's MSE on `gate` reaches it either way."""
+    xa, xb = _inputs()
+    model = PairAdapter("pair_gated", D, [0, 1, 2], width=8, hidden=8, gamma=0.3, gate_task_grad=gate_task_grad)
+    _perturb(model)
+    out = model(xa, xb)
+    out.score.pow(2).sum().backward()
+    gate_grad = sum(float(p.grad.abs().sum()) for p in model.gate.parameters() if p.grad is not None)
+    delta_grad = sum(float(p.grad.abs().sum()) for p in model.delta.parameters())
+    assert delta_grad > 0
+    assert (gate_grad > 0) == gate_task_grad
+    model.zero_grad()
+    out = model(xa, xb)
+    (out.gate - 0.9).pow(2).sum().backward()  # the supervision term alone
+    assert all(p.grad is not None and p.grad.abs().sum() > 0 for p in model.gate.parameters())
+    # the forward value is the same whichever way the gate learns
+    twin = PairAdapter("pair_gated", D, [0, 1, 2], width=8, hidden=8, gamma=0.3, gate_task_grad=not gate_task_grad)
+    twin.load_state_dict(model.state_dict())
+    torch.testing.assert_close(twin(xa, xb).score, model(xa, xb).score, atol=0, rtol=0)

@@ -61,3 +61,25 @@ def test_teacher_command_and_encoder_backend_flags(capsys):
     assert "invalid choice: 'tensorrt'" in capsys.readouterr().err
     assert main(["teacher", "--task", "stsb", "--no-teacher"]) == 2
     assert "The teacher command needs a teacher; drop --no-teacher." in capsys.readouterr().err
+
+
+def test_the_gate_trains_on_its_target_alone_unless_asked_everywhere_a_config_is_made():
+    """--gate-task-grad on the command line, in the sweep's search space and start points."""
+    import optuna
+
+    from embed_lib.cli import build_parser
+    from embed_lib.cli_args import adapter_config
+    from sweeps.pair_residual import SPACE_KEYS, START_POINTS, space
+
+    args = build_parser().parse_args(["train", "--task", "stsb"])
+    assert adapter_config(args, "stsb").gate_task_grad is False
+    args = build_parser().parse_args(["train", "--task", "stsb", "--gate-task-grad"])
+    assert adapter_config(args, "stsb").gate_task_grad is True
+    assert "gate_task_grad" in SPACE_KEYS
+    gated = [p for p in START_POINTS if p["adapter"] == "pair_gated"]
+    assert gated and all(p["gate_task_grad"] is False for p in gated)
+    # the ungated form has no gate: the space fixes the flag instead of searching it
+    ungated = optuna.trial.FixedTrial({"adapter": "pair_ungated", "gamma": 0.5, "tau": 0.05, "learn_p": False,
+                                       "lambda_mod": 0.0, "lambda_delta": 0.0, "novelty_quantile": 0.0,
+                                       "lr": 1e-3, "weight_decay": 0.01, "width": 128, "epochs": 4})
+    assert space(ungated)["gate_task_grad"] is False
