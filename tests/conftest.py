@@ -70,6 +70,16 @@ def pytest_unconfigure(config) -> None:
         shutil.rmtree(d, ignore_errors=True)
 
 
+#: the modules that take longest run first: `make test` gives each worker a whole module at a time, and the
+#: short modules then fill the other worker's time instead of leaving one of these to run alone at the end
+LONGEST_FIRST = ("test_sweeps.py", "test_serving.py", "test_train.py", "test_distributed.py", "test_cross_encoder.py")
+
+
+def pytest_collection_modifyitems(config, items) -> None:
+    rank = {name: i for i, name in enumerate(LONGEST_FIRST)}
+    items.sort(key=lambda item: rank.get(item.path.name, len(rank)))  # stable: a module's own order is kept
+
+
 def pytest_report_header(config) -> str:
     where = {"mirror": f"the local mirror {DATA_DIR}", "hub": "the Hugging Face Hub",
              "made": f"the small set the tests made (tests/made_data.py) at {DATA_DIR}"}[DATA_SOURCE]
