@@ -20,12 +20,13 @@ import argparse
 import json
 import multiprocessing as mp
 import os
+import random
 import statistics
 import tempfile
 import time
+import zlib
 
 from benchmarks._common import write_results
-
 
 
 def _load(url: str, body_fn, concurrency: int, seconds: float, out: mp.Queue) -> None:
@@ -90,9 +91,6 @@ class Bodies:
     def _new(self, sentence: str, key: str) -> str:
         """The sentence's words in an order seeded by (salt, key): a text the service has not seen, of the same
         length as the warm ones (a prefix would lengthen every cold text and slow the encoder unfairly)."""
-        import random
-        import zlib
-
         words = sentence.split()
         random.Random(zlib.crc32(f"{self.salt}{key}".encode())).shuffle(words)
         return " ".join(words)
