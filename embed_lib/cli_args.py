@@ -79,7 +79,7 @@ def field_docs(cls) -> dict[str, str]:
 
 def add_teacher_flags(p: argparse.ArgumentParser, default_preset: str = "strong") -> None:
     """The teacher flags, shared by every command and by the sweeps."""
-    from embed_lib.teacher import PRESETS
+    from embed_lib.teacher import PRESETS, TeacherConfig
 
     p.add_argument("--teacher", default="minilm",
                    help="teacher backbone, independent of --encoder: weights to fine-tune with K-fold cross-fitting "
@@ -90,10 +90,12 @@ def add_teacher_flags(p: argparse.ArgumentParser, default_preset: str = "strong"
                    help="teacher recipe, one of " + "; ".join(f"{k}: {v}" for k, v in PRESETS.items())
                         + f" (default {default_preset}); per task: 'stsb=strong,qqp=light' (unlisted tasks: "
                         f"{default_preset})")
-    p.add_argument("--teacher-folds", type=int, default=None, help="cross-fitting folds (overrides the preset)")
-    p.add_argument("--teacher-epochs", type=int, default=None, help="most epochs per fold (overrides the preset)")
-    p.add_argument("--teacher-lr", type=float, default=None, help="peak learning rate (default 5e-5)")
-    p.add_argument("--teacher-max-length", type=int, default=None, help="tokens per pair (default 128)")
+    docs, d = field_docs(TeacherConfig), TeacherConfig()  # help texts and defaults from the config itself
+    for name, kind in (("folds", int), ("epochs", int)):
+        p.add_argument(f"--teacher-{name}", type=kind, default=None, help=f"{docs[name]} (overrides the preset)")
+    for name, kind in (("lr", float), ("max_length", int)):
+        p.add_argument(f"--teacher-{name.replace('_', '-')}", type=kind, default=None,
+                       help=f"{docs[name]} (default {getattr(d, name)!r})")
     p.add_argument("--no-teacher", action="store_true", help="skip the teacher (no ce_margin target)")
     p.set_defaults(teacher_preset_default=default_preset)  # for tasks a per-task --teacher-preset leaves out
 
