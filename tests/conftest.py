@@ -72,10 +72,12 @@ def pytest_unconfigure(config) -> None:
 
 #: the modules that take longest run first: `make test` gives each worker a whole module at a time, and the
 #: short modules then fill the other worker's time instead of leaving one of these to run alone at the end
-LONGEST_FIRST = ("test_sweeps.py", "test_serving.py", "test_train.py", "test_distributed.py", "test_cross_encoder.py")
+LONGEST_FIRST = ("test_sweeps.py", "test_serving.py", "test_train.py", "test_distributed.py",
+                 "test_cross_encoder.py")
 
 
 def pytest_collection_modifyitems(config, items) -> None:
+    """Stable: each module keeps its own order (reversed too under --reverse, which pytest-reverse applies first)."""
     rank = {name: i for i, name in enumerate(LONGEST_FIRST)}
     items.sort(key=lambda item: rank.get(item.path.name, len(rank)))  # stable: a module's own order is kept
 
