@@ -70,10 +70,12 @@ def pytest_unconfigure(config) -> None:
         shutil.rmtree(d, ignore_errors=True)
 
 
-#: the modules that take longest run first: `make test` gives each worker a whole module at a time, and the
-#: short modules then fill the other worker's time instead of leaving one of these to run alone at the end
-LONGEST_FIRST = ("test_sweeps.py", "test_serving.py", "test_train.py", "test_distributed.py",
-                 "test_cross_encoder.py")
+#: the modules that take longest run first: `make test` gives each worker a whole module at a time, in this order
+#: (xdist's own reordering, by number of tests, is off), so the short modules fill whichever worker finishes its
+#: long ones first instead of one long module running alone at the end
+LONGEST_FIRST = ("test_serving.py", "test_sweeps.py", "test_sweeps_registry.py", "test_distributed.py",
+                 "test_cluster.py", "test_cross_encoder.py", "test_train.py", "test_onnx_backend.py",
+                 "test_teacher.py")
 
 
 def pytest_collection_modifyitems(config, items) -> None:
@@ -191,3 +193,11 @@ def ray_cluster():
         yield env
     finally:
         subprocess.run([str(script), "stop"], env=env, timeout=120)
+
+
+@pytest.fixture()
+def sweep_env(ray_cluster, tmp_path, stsb_embedded):
+    """The test cluster's environment with an MLflow store and a Tune storage dir of the test's own."""
+    env = dict(ray_cluster, MLFLOW_TRACKING_URI=f"sqlite:///{tmp_path / 'mlflow.db'}",
+               EMBED_STORAGE_DIR=str(tmp_path / "ray_results"))
+    return env

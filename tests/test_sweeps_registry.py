@@ -1,0 +1,93 @@
+"""Sweeps that register and resume: champion then challenger through `ray job submit`, and a sweep whose
+driver is killed resumed with --resume (real Ray cluster, real MLflow sqlite store). Apart from
+test_sweeps.py so that the two longest sweep tests run beside the others on a second worker."""
+from __future__ import annotations
+
+import json
+import os
+import signal
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import pytest
+
+from tests.sweeps_common import REPO, child_runs, mlflow_client, submit_sweep
+
+pytestmark = pytest.mark.integration
+
+
+@pytest.mark.slow
+def test_grid_sweep_registers_champion_then_challenger(sweep_env, stsb_embedded):
+    from embed_lib.commands import baseline_rows
+
+    frozen_val = {r["split"]: r for r in baseline_rows(stsb_embedded)}["validation"]["spearman"]
+    args = ["--task", "stsb", "--no-teacher", "--search", "grid", "--grid", "adapter=pair_gated",
+            "--grid", "target=lexical", "--grid", "gamma=0.05,0.1", "--seeds", "2", "--epochs", "2",
+            "--transfer", "mrpc,paws", "--transfer-tolerance", "1.0"]  # 2 epochs: registration, not quality
+    out = submit_sweep(sweep_env, *args, "--name", "grid-a")
+    assert "registered pair-residual-stsb version 1 as 'champion'" in out
+    client = mlflow_client(sweep_env)
+    champion = client.get_model_version_by_alias("pair-residual-stsb", "champion")
+    assert str(champion.version) == "1" and float(champion.tags["val_spearman"]) > frozen_val
+    # the rule and the transfer figures it was chosen on travel with the version
+    assert "every transfer delta >= -1 on every seed" in champion.tags["winner_rule"]
+    assert {"transfer_delta_min", "transfer_delta_min.mrpc", "transfer_delta_min.paws"} <= set(champion.tags)
+    assert "worst transfer delta" in champion.description and "transfer_delta_min.qqp" not in champion.tags
+    # the same sweep again: equal validation, so the new version must not displace the champion
+    out = submit_sweep(sweep_env, *args, "--name", "grid-b")
+    assert "version 2 as 'challenger'" in out
+    assert str(client.get_model_version_by_alias("pair-residual-stsb", "champion").version) == "1"
+    assert str(client.get_model_version_by_alias("pair-residual-stsb", "challenger").version) == "2"
+    from embed_lib.registry import load_registered
+
+    model, cfg, manifest = load_registered("models:/pair-residual-stsb@champion", sweep_env["MLFLOW_TRACKING_URI"])
+    assert cfg.adapter == "pair_gated" and cfg.n_seeds == 2 and manifest["encoder"] == "minilm"
+
+
+def _wait_for_a_terminated_trial_in_tune_state(experiment_dir: Path, timeout_s: float = 120) -> None:
+    """Until Tune's experiment state on disk records a finished trial (what --resume reads): killing the driver
+    before then would test a resume with nothing to skip."""
+    deadline = time.time() + timeout_s
+    while time.time() < deadline:
+        for state in experiment_dir.glob("experiment_state-*.json"):
+            try:
+                trials = json.loads(state.read_text())["trial_data"]
+            except (OSError, ValueError, KeyError):
+                continue  # being written
+            if any(json.loads(t[0]).get("status") == "TERMINATED" for t in trials):
+                return
+        time.sleep(0.5)
+    raise AssertionError(f"Tune recorded no finished trial in {experiment_dir} within {timeout_s} s")
+
+
+@pytest.mark.slow
+def test_resume_after_the_driver_is_killed(sweep_env):
+    args = [sys.executable, "sweeps/pair_residual.py", "--task", "stsb", "--no-teacher", "--search", "grid",
+            "--grid", "adapter=pair_gated", "--grid", "target=lexical", "--grid", "gamma=0.02,0.05,0.1,0.2",
+            "--seeds", "2", "--epochs", "3", "--max-concurrent", "1", "--name", "resume-me"]
+    driver = subprocess.Popen(args, env=sweep_env, cwd=REPO, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL,
+                              start_new_session=True)
+    client = mlflow_client(sweep_env)
+    deadline = time.time() + 300
+    finished = []
+    while time.time() < deadline and len(finished) < 1:
+        time.sleep(2)
+        exp = client.get_experiment_by_name("sweep-stsb")
+        if exp is not None:
+            finished = client.search_runs([exp.experiment_id], "tags.trial_id != '' and attributes.status = 'FINISHED'")
+        assert driver.poll() is None, "the sweep ended before it could be interrupted"
+    assert finished, "no trial finished within 300 s"
+    _wait_for_a_terminated_trial_in_tune_state(Path(sweep_env["EMBED_STORAGE_DIR"]) / "resume-me")
+    os.killpg(driver.pid, signal.SIGKILL)
+    driver.wait()
+    resumed = subprocess.run([*args, "--resume"], env=sweep_env, cwd=REPO, capture_output=True, text=True, timeout=600)
+    assert resumed.returncode == 0, resumed.stdout[-3000:] + resumed.stderr[-3000:]
+    exp = client.get_experiment_by_name("sweep-stsb")
+    (parent,) = client.search_runs([exp.experiment_id], "tags.sweep = 'resume-me'")
+    assert parent.info.status == "FINISHED"
+    runs = [r for r in child_runs(client, exp.experiment_id, parent.info.run_id) if "trial_id" in r.data.tags]
+    trial_ids = [r.data.tags["trial_id"] for r in runs]
+    assert len(trial_ids) == len(set(trial_ids)) == 4, "one MLflow run per trial, none duplicated"
+    assert all(r.info.status in ("FINISHED",) for r in runs), [r.info.status for r in runs]
