@@ -103,15 +103,16 @@ print(json.dumps({"working_dir": ".", "excludes": json.load(open(sys.argv[1]))["
                   "env_vars": {k: os.environ[k] for k in keys if os.environ.get(k)}}))' "$ROOT/cluster/runtime_env.json")
     cd "$ROOT"
     id="embed-$(date +%Y%m%d-%H%M%S)-$$"
+    out="$(mktemp)"; trap 'rm -f "$out"' EXIT
+    # one call submits, follows the job's log to its end and says how it ended (the CLI's own last line);
     # right after `start` the job agent may not have registered yet: retry that one refusal
     for attempt in $(seq 1 60); do
-      if out=$(ray job submit --address "http://127.0.0.1:$DASH" --submission-id "$id" --no-wait \
-               --runtime-env-json "$env_json" -- "$@" 2>&1); then break; fi
-      if [[ "$out" != *"No available agent"* || $attempt == 60 ]]; then echo "$out" >&2; exit 1; fi
+      ray job submit --address "http://127.0.0.1:$DASH" --submission-id "$id" --runtime-env-json "$env_json" \
+        -- "$@" 2>&1 | tee "$out" || true
+      grep -q "No available agent" "$out" && [[ $attempt != 60 ]] || break
       sleep 2
     done
-    ray job logs --address "http://127.0.0.1:$DASH" --follow "$id" || true
-    status=$(ray job status --address "http://127.0.0.1:$DASH" "$id" 2>&1 | grep -io "succeeded\|failed\|stopped" | tail -1 || true)
+    status=$(grep -o "Job '$id' \(succeeded\|failed\|was stopped\)" "$out" | tail -1 | grep -o "succeeded\|failed\|stopped" || true)
     status="${status^^}"
     echo "Job '$id' ${status:-UNKNOWN}"
     [[ "$status" == "SUCCEEDED" ]] ;;
