@@ -5,6 +5,7 @@
 #
 #   cluster/local.sh start | stop | status | submit -- python sweeps/pair_residual.py --task stsb
 #   cluster/local.sh serve [serving/config.yaml]   # serve deploy on this cluster, wait until RUNNING
+#   eval "$(cluster/local.sh env)"                 # this shell's Ray clients (a driver run by hand) reach it
 #
 # Environment: VENV (.venv), EMBED_RAY_DIR (.cache/ray_local), RAY_PORT (6390), RAY_DASHBOARD_PORT (8265),
 # RAY_CLIENT_PORT (6391), RAY_AGENT_PORT (52375), RAY_AGENT_GRPC_PORT, RAY_RUNTIME_ENV_AGENT_PORT,
@@ -93,6 +94,12 @@ case "${1:-}" in
       echo "local Ray not running"
       rm -f "$PIDFILE"
     fi ;;
+  env)
+    # what a client process needs to connect (a driver run by hand instead of `submit`): without
+    # RAY_ENABLE_WINDOWS_OR_OSX_CLUSTER=0 the driver takes the host's address as its node address, which
+    # this loopback-only node does not have, and ray.init waits without end
+    printf 'export RAY_ADDRESS=%q RAY_AUTH_MODE=token RAY_AUTH_TOKEN_PATH=%q RAY_ENABLE_WINDOWS_OR_OSX_CLUSTER=0\n' \
+      "127.0.0.1:$PORT" "$RAY_AUTH_TOKEN_PATH" ;;
   status)
     if running; then echo "running (pgid $(cat "$PIDFILE")), dashboard http://127.0.0.1:$DASH"; else echo "stopped"; exit 1; fi ;;
   submit)
@@ -133,5 +140,5 @@ print(json.dumps({"working_dir": ".", "excludes": json.load(open(sys.argv[1]))["
     done
     echo "Serve application not RUNNING after 600 s:" >&2; echo "$st" >&2; exit 1 ;;
   *)
-    echo "usage: $0 start | stop | status | submit -- COMMAND... | serve [CONFIG]" >&2; exit 2 ;;
+    echo "usage: $0 start | stop | status | env | submit -- COMMAND... | serve [CONFIG]" >&2; exit 2 ;;
 esac

@@ -132,8 +132,10 @@ def test_serve_env_file_errors_name_the_line(tmp_path):
 @pytest.mark.integration
 def test_the_local_cluster_listens_on_loopback_only_and_stop_closes_every_port():
     """A cluster of its own: every socket its processes listen on is on loopback (nothing is on an
-    allowlist: Ray, the dashboard, the agents and the metrics servers all bind 127.0.0.1), and `stop`
-    returns once every one of those ports is closed."""
+    allowlist: Ray, the dashboard, the agents and the metrics servers all bind 127.0.0.1); a driver started
+    by hand after `eval "$(cluster/local.sh env)"` reaches it; and `stop` returns once every one of those ports
+    is closed."""
+    import shlex
     import shutil
     import subprocess
     import tempfile
@@ -161,6 +163,13 @@ def test_the_local_cluster_listens_on_loopback_only_and_stop_closes_every_port()
         assert {"gcs_server", "raylet", "ray::DashboardA"} <= started, sockets
         exposed = [s for s in sockets if s[0] not in LOOPBACK]
         assert not exposed, exposed
+        # a driver run by hand in a shell that took `local.sh env` (and no Ray setting of this process) connects
+        shell = {k: v for k, v in os.environ.items() if not k.startswith("RAY_")}
+        shell.update({k: env[k] for k in ("EMBED_RAY_DIR", "RAY_PORT", "RAY_AUTH_TOKEN_PATH") if k in env})  # as started
+        code = "import ray; ray.init(log_to_driver=False); print(int(ray.cluster_resources()['CPU']))"
+        driver = subprocess.run(["bash", "-c", f'eval "$({shlex.quote(script)} env)" && exec {shlex.quote(sys.executable)} '
+                                 f"-c {shlex.quote(code)}"], env=shell, capture_output=True, text=True, timeout=120)
+        assert driver.returncode == 0 and driver.stdout.split()[-1] == "1", driver.stdout[-2000:] + driver.stderr[-2000:]
     finally:
         t0 = time.perf_counter()
         stop = subprocess.run([script, "stop"], env=env, capture_output=True, text=True, timeout=120)
