@@ -112,10 +112,11 @@ print(json.dumps({"working_dir": ".", "excludes": json.load(open(sys.argv[1]))["
     id="embed-$(date +%Y%m%d-%H%M%S)-$$"
     out="$(mktemp)"; trap 'rm -f "$out"' EXIT
     # one call submits, follows the job's log to its end and says how it ended (the CLI's own last line);
-    # right after `start` the job agent may not have registered yet: retry that one refusal
+    # right after `start` the job agent may not have registered yet: retry that one refusal. Colour only on
+    # a terminal: the CLI writes into `tee`, so it cannot tell by itself
     for attempt in $(seq 1 60); do
       ray job submit --address "http://127.0.0.1:$DASH" --submission-id "$id" --runtime-env-json "$env_json" \
-        -- "$@" 2>&1 | tee "$out" || true
+        --log-color "$([[ -t 1 ]] && echo true || echo false)" -- "$@" 2>&1 | tee "$out" || true
       grep -q "No available agent" "$out" && [[ $attempt != 60 ]] || break
       sleep 2
     done
