@@ -2,10 +2,10 @@
 
 Starts its own Ray (2 CPUs, with the Serve settings of cluster/serve.env) and Serve on 127.0.0.1,
 registers a small STS-B adapter in a temporary MLflow store, and measures pairs/s and p50/p99 latency at
-concurrency 1, 8, 32 with 1, 32 and 128 pairs per request (128: a top-100 re-ranking request) for (a) the adapter with a warm embedding cache,
-(b) cold (every sentence new: the corpus sentences' words in a new seeded order, same lengths; encoding
-needed), (c) a cross-encoder served the same way; plus the adapter and the cross-encoder called
-in-process, one thread each (no Serve).
+concurrency 1, 8, 32 with 1, 32 and 128 pairs per request (128: a top-100 re-ranking request) for (a) the
+adapter with a warm embedding cache, (b) cold (every sentence new: the corpus sentences' words in a new
+seeded order, same lengths; encoding needed), (c) a cross-encoder served the same way; plus the adapter and
+the cross-encoder called in-process, one thread each (no Serve).
 Targets on 2 cores: warm adapter >= 40x the cross-encoder's pairs/s; p99 <= 100 ms at c=8, 32 pairs.
 `--runs 3` measures every cell three times on the same service; the headline figures are then the
 median over the runs, with each run's and their min / max.

@@ -67,8 +67,8 @@ def add_sweep_args(p, *, default_samples: int) -> None:
     p.add_argument("--max-concurrent", type=int, default=2, help="trials at once (default 2)")
     p.add_argument("--cpus-per-trial", type=float, default=1.0)
     p.add_argument("--gpus-per-trial", type=float, default=0.0, help="fractional GPUs per trial on GPU clusters")
-    p.add_argument("--address", default=None, help="Ray address (default: $RAY_ADDRESS or a local Ray); for the cluster of "
-                   "cluster/local.sh, eval \"$(cluster/local.sh env)\" in this shell first")
+    p.add_argument("--address", default=None, help="Ray address (default: $RAY_ADDRESS or a local Ray); for the "
+                   "cluster of cluster/local.sh, eval \"$(cluster/local.sh env)\" in this shell first")
     add_mlflow_flags(p, "sweep-<task>", optional=False)
     p.add_argument("--storage-path", default=None,
                    help="Tune results (default $EMBED_STORAGE_DIR or ./.cache/ray_results, absolute)")

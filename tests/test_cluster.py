@@ -163,12 +163,13 @@ def test_the_local_cluster_listens_on_loopback_only_and_stop_closes_every_port()
         assert {"gcs_server", "raylet", "ray::DashboardA"} <= started, sockets
         exposed = [s for s in sockets if s[0] not in LOOPBACK]
         assert not exposed, exposed
-        # a driver run by hand in a shell that took `local.sh env` (and no Ray setting of this process) connects
+        # a driver run by hand in a shell that took `local.sh env` (no Ray setting of this process) connects;
+        # the shell keeps what the cluster was started with (its state dir, port and token file)
         shell = {k: v for k, v in os.environ.items() if not k.startswith("RAY_")}
-        shell.update({k: env[k] for k in ("EMBED_RAY_DIR", "RAY_PORT", "RAY_AUTH_TOKEN_PATH") if k in env})  # as started
+        shell.update({k: env[k] for k in ("EMBED_RAY_DIR", "RAY_PORT", "RAY_AUTH_TOKEN_PATH") if k in env})
         code = "import ray; ray.init(log_to_driver=False); print(int(ray.cluster_resources()['CPU']))"
-        driver = subprocess.run(["bash", "-c", f'eval "$({shlex.quote(script)} env)" && exec {shlex.quote(sys.executable)} '
-                                 f"-c {shlex.quote(code)}"], env=shell, capture_output=True, text=True, timeout=120)
+        line = f'eval "$({shlex.quote(script)} env)" && exec {shlex.quote(sys.executable)} -c {shlex.quote(code)}'
+        driver = subprocess.run(["bash", "-c", line], env=shell, capture_output=True, text=True, timeout=120)
         assert driver.returncode == 0 and driver.stdout.split()[-1] == "1", driver.stdout[-2000:] + driver.stderr[-2000:]
     finally:
         t0 = time.perf_counter()

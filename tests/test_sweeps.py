@@ -62,8 +62,8 @@ def test_a_sweep_on_your_own_pair_file_through_ray_job_submit(sweep_env, tmp_pat
     pd.DataFrame({"q1": d.sentence1[:300], "q2": d.sentence2[:300], "sim": d.raw_label[:300]}).to_csv(
         tmp_path / "support_pairs.csv", index=False)  # an absolute path: every node of this cluster reads it
     out = submit_sweep(sweep_env, "--task", str(tmp_path / "support_pairs.csv"), "--text-columns", "q1,q2",
-                  "--label-column", "sim", "--label-range", "0,5", "--smoke-test", "--no-teacher",
-                  "--transfer", "mrpc")
+                       "--label-column", "sim", "--label-range", "0,5", "--smoke-test", "--no-teacher",
+                       "--transfer", "mrpc")
     assert "SUCCEEDED" in out
     client = mlflow_client(sweep_env)
     exp = client.get_experiment_by_name("sweep-support_pairs")
