@@ -78,11 +78,10 @@ class Bodies:
         self.kind, self.sentences, self.n, self.scorer, self.salt = kind, sentences, n_pairs, scorer, salt
 
     def __call__(self, k: int, i: int):
-        m, cold = len(self.sentences), self.kind == "cold"  # cold: sentences never seen before (the encoder runs)
-        pairs = [[self._new(self.sentences[(k * 97 + i * 31 + j) % m], f"{k}-{i}-{j}a") if cold else
-                  self.sentences[(k * 97 + i * 31 + j) % m],
-                  self._new(self.sentences[(k * 13 + i * 7 + j + 1) % m], f"{k}-{i}-{j}b") if cold else
-                  self.sentences[(k * 13 + i * 7 + j + 1) % m]] for j in range(self.n)]
+        m, pairs = len(self.sentences), []
+        for j in range(self.n):  # cold: sentences never seen before (the encoder must run)
+            a, b = self.sentences[(k * 97 + i * 31 + j) % m], self.sentences[(k * 13 + i * 7 + j + 1) % m]
+            pairs.append([self._new(a, f"{k}-{i}-{j}a"), self._new(b, f"{k}-{i}-{j}b")] if self.kind == "cold" else [a, b])
         return {"pairs": pairs, "scorer": self.scorer}, self.n
 
     def _new(self, sentence: str, key: str) -> str:
