@@ -59,6 +59,11 @@ os.environ.setdefault("RAY_ENABLE_WINDOWS_OR_OSX_CLUSTER", "0")
 if "RAY_AUTH_TOKEN_PATH" not in os.environ:
     _OWN_TEMP_DIRS.append(Path(tempfile.mkdtemp(prefix="embed-ray-")))
     os.environ["RAY_AUTH_TOKEN_PATH"] = str(_OWN_TEMP_DIRS[-1] / "auth_token")
+# the project's own MLflow store is never the tests' (`make` exports it, and its artifact root, for the commands
+# it runs): a test that names no store logs to one of this session's, and every store keeps its artifacts beside it
+_OWN_TEMP_DIRS.append(Path(tempfile.mkdtemp(prefix="embed-mlflow-")))
+os.environ["MLFLOW_TRACKING_URI"] = f"sqlite:///{_OWN_TEMP_DIRS[-1] / 'mlflow.db'}"
+os.environ.pop("MLFLOW_ARTIFACT_ROOT", None)
 # tests share one embedding cache (the encodes are the slow part); Makefile sets the same default
 CACHE_DIR = Path(os.environ.setdefault("EMBED_CACHE_DIR", str(REPO / ".cache" / "embed_lib")))
 
