@@ -131,15 +131,19 @@ print(json.dumps({"working_dir": ".", "excludes": json.load(open(sys.argv[1]))["
     running || { echo "local Ray is not running: cluster/local.sh start first" >&2; exit 1; }
     cd "$ROOT"
     serve deploy "$config" --address "http://127.0.0.1:$DASH"
-    for _ in $(seq 1 300); do
-      st=$(serve status --address "http://127.0.0.1:$DASH" 2>&1 || true)
-      if grep -q "DEPLOY_FAILED\|UNHEALTHY" <<<"$st"; then echo "$st" >&2; exit 1; fi
-      if ! grep -q "DEPLOYING\|NOT_STARTED\|UPDATING" <<<"$st" && grep -q "status: RUNNING" <<<"$st"; then
-        port=$(python3 -c 'import sys, yaml; print((yaml.safe_load(open(sys.argv[1])).get("http_options") or {}).get("port", 8000))' "$config" 2>/dev/null || echo 8000)
-        echo "Serve application RUNNING: http://127.0.0.1:$port/docs"; exit 0; fi
-      sleep 2
+    # poll the dashboard's Serve REST API (what `serve status` reads, without starting a Python that imports Ray
+    # each time) until every application of the config is RUNNING with healthy deployments, or one has failed
+    token="$(cat "$RAY_AUTH_TOKEN_PATH")"
+    for _ in $(seq 1 1200); do
+      st=$(curl -sf -H "Authorization: Bearer $token" "http://127.0.0.1:$DASH/api/serve/applications/" || true)
+      verdict=$(python3 "$ROOT/cluster/serve_status.py" "$config" <<<"$st")
+      case "$verdict" in
+        running*) echo "Serve application RUNNING: http://127.0.0.1:${verdict#running }/docs"; exit 0 ;;
+        failed*) echo "Serve application failed: ${verdict#failed }" >&2; exit 1 ;;
+      esac
+      sleep 0.5
     done
-    echo "Serve application not RUNNING after 600 s:" >&2; echo "$st" >&2; exit 1 ;;
+    echo "Serve application not RUNNING after 600 s: $verdict" >&2; exit 1 ;;
   *)
     echo "usage: $0 start | stop | status | env | submit -- COMMAND... | serve [CONFIG]" >&2; exit 2 ;;
 esac

@@ -130,6 +130,37 @@ def test_serve_env_file_errors_name_the_line(tmp_path):
 
 
 @pytest.mark.integration
+def _serve_verdict(config_path: Path, answer) -> str:
+    body = answer if isinstance(answer, str) else json.dumps({"applications": answer})
+    out = subprocess.run([sys.executable, str(CLUSTER / "serve_status.py"), str(config_path)], input=body,
+                         capture_output=True, text=True, check=True)
+    return out.stdout.strip()
+
+
+def test_local_serve_waits_for_the_configs_applications_and_stops_at_a_failure(tmp_path):
+    """`local.sh serve`'s verdict on the dashboard's Serve REST answer: running only when every application
+    of the config is RUNNING with healthy deployments; a failure of one of them ends the wait, with its
+    message; other applications on the cluster do not count."""
+    config = tmp_path / "config.yaml"
+    config.write_text(yaml.safe_dump({"http_options": {"port": 8123}, "applications": [{"name": "pair-scorer"}]}))
+    healthy = {"Ingress": {"status": "HEALTHY"}, "Encoder": {"status": "HEALTHY"}}
+
+    def app(status, deployments=healthy, message=""):
+        return {"status": status, "message": message, "deployments": deployments}
+
+    assert _serve_verdict(config, "").startswith("waiting")  # the dashboard did not answer
+    assert _serve_verdict(config, {}) == "waiting pair-scorer: not listed"
+    assert _serve_verdict(config, {"pair-scorer": app("DEPLOYING")}) == "waiting pair-scorer: DEPLOYING"
+    assert _serve_verdict(config, {"pair-scorer": app("RUNNING", {**healthy, "Encoder": {"status": "UPDATING"}})
+                                   }).startswith("waiting")
+    assert _serve_verdict(config, {"pair-scorer": app("RUNNING"), "other": app("UNHEALTHY")}) == "running 8123"
+    failed = _serve_verdict(config, {"pair-scorer": app("DEPLOY_FAILED", message="ImportError: no module x")})
+    assert failed.startswith("failed pair-scorer: DEPLOY_FAILED") and "ImportError: no module x" in failed
+    unhealthy = _serve_verdict(config, {"pair-scorer": app("RUNNING", {**healthy, "Encoder": {"status": "UNHEALTHY"}})
+                                        })
+    assert unhealthy.startswith("failed pair-scorer") and "Encoder" in unhealthy
+
+
 def test_the_local_cluster_listens_on_loopback_only_and_stop_closes_every_port():
     """A cluster of its own: every socket its processes listen on is on loopback (nothing is on an
     allowlist: Ray, the dashboard, the agents and the metrics servers all bind 127.0.0.1); a driver started
