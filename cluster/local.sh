@@ -134,7 +134,8 @@ print(json.dumps({"working_dir": ".", "excludes": json.load(open(sys.argv[1]))["
     # poll the dashboard's Serve REST API (what `serve status` reads, without starting a Python that imports Ray
     # each time) until every application of the config is RUNNING with healthy deployments, or one has failed
     token="$(cat "$RAY_AUTH_TOKEN_PATH")"
-    for _ in $(seq 1 1200); do
+    deadline=$((SECONDS + 600))
+    while (( SECONDS < deadline )); do
       st=$(curl -sf -H "Authorization: Bearer $token" "http://127.0.0.1:$DASH/api/serve/applications/" || true)
       verdict=$(python3 "$ROOT/cluster/serve_status.py" "$config" <<<"$st")
       case "$verdict" in

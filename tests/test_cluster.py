@@ -159,6 +159,8 @@ def test_local_serve_waits_for_the_configs_applications_and_stops_at_a_failure(t
     unhealthy = _serve_verdict(config, {"pair-scorer": app("RUNNING", {**healthy, "Encoder": {"status": "UNHEALTHY"}})
                                         })
     assert unhealthy.startswith("failed pair-scorer") and "Encoder" in unhealthy
+    config.write_text(yaml.safe_dump({"applications": []}))
+    assert _serve_verdict(config, {}) == "failed the config lists no application"
 
 
 def test_the_local_cluster_listens_on_loopback_only_and_stop_closes_every_port():
