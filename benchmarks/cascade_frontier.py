@@ -97,9 +97,10 @@ def _register(task: str, state, tracking: str) -> str:
     import mlflow
 
     from embed_lib.registry import log_adapter_model
+    from embed_lib.tracking import set_experiment
 
     cfg, result, data = state
-    mlflow.set_tracking_uri(tracking)
+    set_experiment("cascade-frontier", tracking)  # a new store: artifacts beside it, never in ./mlruns
     with mlflow.start_run():
         info = log_adapter_model(result, data, registered_name=f"frontier-{task}")
     return f"models:/frontier-{task}/{info.registered_model_version}"

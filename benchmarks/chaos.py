@@ -57,11 +57,12 @@ def serve_replica_kill(data, seconds: float = 20.0) -> dict:
 
     from embed_lib.config import AdapterConfig
     from embed_lib.registry import log_adapter_model, promote
+    from embed_lib.tracking import set_experiment
     from embed_lib.train import train_seed_group
     from serving.app import build_app
 
     tracking = f"sqlite:///{tempfile.mkdtemp()}/mlflow.db"
-    mlflow.set_tracking_uri(tracking)
+    set_experiment("chaos", tracking)  # a new store: artifacts beside it, never in ./mlruns
     r = train_seed_group(AdapterConfig(adapter="pair_gated", target="lexical", epochs=2, n_seeds=2), data)
     with mlflow.start_run():
         info = log_adapter_model(r, data, registered_name="pair-residual-stsb")

@@ -158,9 +158,10 @@ def _register(tracking: str, encoder_backend: str = "torch"):
     from embed_lib.config import AdapterConfig, EncoderConfig
     from embed_lib.registry import log_adapter_model, promote
     from embed_lib.study import load_study
+    from embed_lib.tracking import set_experiment
     from embed_lib.train import train_seed_group
 
-    mlflow.set_tracking_uri(tracking)
+    set_experiment("serve-bench", tracking)  # a new store: artifacts beside it, never in ./mlruns
     data, _ = load_study("stsb", EncoderConfig(backend=encoder_backend))
     result = train_seed_group(AdapterConfig(adapter="pair_gated", target="lexical", epochs=3), data)
     with mlflow.start_run():
