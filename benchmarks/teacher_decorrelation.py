@@ -19,22 +19,30 @@ import time
 import numpy as np
 import torch
 from benchmarks._common import write_results
+from sentence_transformers import CrossEncoder
 
 from embed_lib import teacher_fit as F
+from embed_lib.encoders import resolve_model
 from embed_lib.signals import rank_normalise
 from embed_lib.study import load_study
 from embed_lib.tasks import SPLITS, load_splits
-from embed_lib.teacher import _load, _pairs, quality_report, teacher_preset
+from embed_lib.teacher import quality_report, teacher_preset
+
+
+def _pairs(d) -> list[list[str]]:
+    return [[a, b] for a, b in zip(d.sentence1, d.sentence2)]
 
 
 def train_one(pairs: list[list[str]], y: np.ndarray, cosine_error: np.ndarray, lam: float, cfg) -> tuple:
     """A cross-encoder fitted with the penalty (both orders: the reversed pairs carry the same error)."""
     pairs, y, err = pairs + [[b, a] for a, b in pairs], np.tile(y, 2), np.tile(cosine_error, 2)
-    torch.manual_seed(cfg.seed)
-    ce, g = _load(cfg, "cpu"), np.random.default_rng(cfg.seed)
+    torch.manual_seed(cfg.seed)  # the new head's initialisation
+    ce = CrossEncoder(resolve_model(cfg.model), num_labels=1, device="cpu", max_length=cfg.max_length)
+    g = np.random.default_rng(cfg.seed)
     opt = torch.optim.AdamW(F.param_groups(ce.model, cfg.weight_decay), lr=cfg.lr)
-    sched = F._schedule(opt, math.ceil(len(pairs) / cfg.batch_size) * cfg.epochs, cfg.warmup)
-    yt, et, bce = torch.as_tensor(y, dtype=torch.float32), torch.as_tensor(err, dtype=torch.float32), torch.nn.BCEWithLogitsLoss()
+    sched = F.warmup_then_decay(opt, math.ceil(len(pairs) / cfg.batch_size) * cfg.epochs, cfg.warmup)
+    yt, et = torch.as_tensor(y, dtype=torch.float32), torch.as_tensor(err, dtype=torch.float32)
+    bce = torch.nn.BCEWithLogitsLoss()
     lengths, t0 = np.array([len(a) + len(b) for a, b in pairs]), time.perf_counter()
     ce.model.train()
     for _ in range(cfg.epochs):

@@ -81,7 +81,7 @@ def fit(ce, pairs: list[list[str]], y: np.ndarray, cfg: TeacherConfig, seed: int
         return _fit_epochs(ce, pairs, y, cfg, np.random.default_rng(seed), es_pairs, es_y, progress)
 
 
-def _schedule(opt: torch.optim.Optimizer, total: int, warmup: float) -> torch.optim.lr_scheduler.LambdaLR:
+def warmup_then_decay(opt: torch.optim.Optimizer, total: int, warmup: float) -> torch.optim.lr_scheduler.LambdaLR:
     """Linear warmup over the first `warmup` fraction of the steps, then linear decay to 0."""
     warm = max(1, int(warmup * total))
     return torch.optim.lr_scheduler.LambdaLR(
@@ -97,7 +97,7 @@ def _fit_epochs(ce, pairs, y, cfg, g: np.random.Generator, es_pairs, es_y, progr
     model = ce.model
     opt = torch.optim.AdamW(param_groups(model, cfg.weight_decay), lr=cfg.lr)
     steps_per_epoch = math.ceil(len(pairs) / cfg.batch_size)
-    sched = _schedule(opt, steps_per_epoch * cfg.epochs, cfg.warmup)
+    sched = warmup_then_decay(opt, steps_per_epoch * cfg.epochs, cfg.warmup)
     loss_fn = torch.nn.BCEWithLogitsLoss()
     curve: list[dict[str, float]] = []
     best_score, best_state, since_best = -math.inf, None, 0
