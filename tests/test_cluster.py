@@ -129,7 +129,6 @@ def test_serve_env_file_errors_name_the_line(tmp_path):
         serve_env(bad)
 
 
-@pytest.mark.integration
 def _serve_verdict(config_path: Path, answer) -> str:
     body = answer if isinstance(answer, str) else json.dumps({"applications": answer})
     out = subprocess.run([sys.executable, str(CLUSTER / "serve_status.py"), str(config_path)], input=body,
@@ -163,6 +162,7 @@ def test_local_serve_waits_for_the_configs_applications_and_stops_at_a_failure(t
     assert _serve_verdict(config, {}) == "failed the config lists no application"
 
 
+@pytest.mark.integration
 def test_the_local_cluster_listens_on_loopback_only_and_stop_closes_every_port():
     """A cluster of its own: every socket its processes listen on is on loopback (nothing is on an
     allowlist: Ray, the dashboard, the agents and the metrics servers all bind 127.0.0.1); a driver started
