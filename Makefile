@@ -20,15 +20,25 @@ TASK ?= stsb
 SWEEP_ARGS ?=
 MLFLOW_PORT ?= 5000
 
-.PHONY: venv run sweep smoke serve serve-cascade teacher frontier backends cluster-start cluster-stop mlflow-ui baseline study retrieval test fuzz bench chaos clean
+.PHONY: venv constraints run sweep smoke serve serve-cascade teacher frontier backends cluster-start cluster-stop mlflow-ui baseline study retrieval test fuzz bench chaos clean
 
 venv: $(STAMP)
-$(STAMP): pyproject.toml
+$(STAMP): pyproject.toml constraints.txt
 	test -d $(VENV) || $(PY) -m venv $(VENV)
 	# the CPU build of torch first, from local disk: letting pip resolve torch pulls a multi-GB CUDA build
 	$(BIN)/pip install -q torch==2.13.0
-	$(BIN)/pip install -q -e '.[dev]'
+	# the versions the project is tested with (constraints.txt), not whatever was released since
+	$(BIN)/pip install -q -c constraints.txt -e '.[dev]'
 	touch $(STAMP)
+
+## constraints.txt from a fresh resolve of pyproject's ranges (a temporary venv; review the diff, then make test)
+constraints:
+	rm -rf /tmp/embed-constraints-venv && $(PY) -m venv /tmp/embed-constraints-venv
+	/tmp/embed-constraints-venv/bin/pip install -q torch==2.13.0
+	/tmp/embed-constraints-venv/bin/pip install -q -e '.[dev]'
+	{ sed -n '/^#/p' constraints.txt; /tmp/embed-constraints-venv/bin/pip freeze --exclude-editable \
+	  | sed 's/^torch==\([0-9.]*\)+cpu$$/torch==\1/'; } > constraints.txt.new && mv constraints.txt.new constraints.txt
+	rm -rf /tmp/embed-constraints-venv
 
 ## main job: local Ray cluster -> `ray job submit` of the STS-B sweep -> champion in the MLflow registry
 run: venv
