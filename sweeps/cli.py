@@ -12,7 +12,8 @@ from typing import Any
 import ray
 from ray import tune
 
-from embed_lib.cli_args import encoder_config, resolve_task, teacher_config, teacher_progress, teacher_summary
+from embed_lib.cli_args import (encoder_config, resolve_task, skip_exit_collection, teacher_config, teacher_progress,
+                                teacher_summary)
 from sweeps.flags import add_sweep_args, parse_grid, transfer_tasks
 from sweeps.mlflow_callback import MLflowTrialCallback, close_orphans
 from sweeps.report import finish_sweep
@@ -216,6 +217,8 @@ def sweep_main(doc: str, script: str, space_fn, space_keys: list[str], fixed: di
                start_points=None) -> None:
     """Command line of an entry script: parse, run the sweep, print its outcome as JSON."""
     import argparse
+
+    skip_exit_collection()
 
     parser = argparse.ArgumentParser(description=doc, formatter_class=argparse.RawDescriptionHelpFormatter)
     add_sweep_args(parser, default_samples=32)

@@ -71,8 +71,11 @@ CACHE_DIR = Path(os.environ.setdefault("EMBED_CACHE_DIR", str(REPO / ".cache" / 
 def pytest_unconfigure(config) -> None:
     import shutil
 
+    from embed_lib.cli_args import skip_exit_collection
+
     for d in _OWN_TEMP_DIRS:
         shutil.rmtree(d, ignore_errors=True)
+    skip_exit_collection()  # each worker ends without a last walk over everything the tests imported
 
 
 #: the modules that take longest run first: `make test` gives each worker a whole module at a time, in this order
