@@ -111,19 +111,17 @@ print(json.dumps({"working_dir": ".", "excludes": json.load(open(sys.argv[1]))["
     cd "$ROOT"
     id="embed-$(date +%Y%m%d-%H%M%S)-$$"
     out="$(mktemp)"; trap 'rm -f "$out"' EXIT
-    # one call submits, follows the job's log to its end and says how it ended (the CLI's own last line);
-    # right after `start` the job agent may not have registered yet: retry that one refusal. Colour only on
-    # a terminal: the CLI writes into `tee`, so it cannot tell by itself
+    # submit (right after `start` the job agent may not have registered yet: retry that one refusal), then follow
+    # the job's log to its end: cluster/job_follow.py reads the job API several times a second and prints the
+    # verdict as its last line (`ray job submit` without --no-wait notices a job's end seconds late)
     for attempt in $(seq 1 60); do
-      ray job submit --address "http://127.0.0.1:$DASH" --submission-id "$id" --runtime-env-json "$env_json" \
-        --log-color "$([[ -t 1 ]] && echo true || echo false)" -- "$@" 2>&1 | tee "$out" || true
-      grep -q "No available agent" "$out" && [[ $attempt != 60 ]] || break
+      ray job submit --no-wait --address "http://127.0.0.1:$DASH" --submission-id "$id" \
+        --runtime-env-json "$env_json" -- "$@" >"$out" 2>&1 && break
+      grep -q "No available agent" "$out" && [[ $attempt != 60 ]] || { cat "$out"; echo "Job '$id' NOT SUBMITTED"; exit 1; }
       sleep 2
     done
-    status=$(grep -o "Job '$id' \(succeeded\|failed\|was stopped\)" "$out" | tail -1 | grep -o "succeeded\|failed\|stopped" || true)
-    status="${status^^}"
-    echo "Job '$id' ${status:-UNKNOWN}"
-    [[ "$status" == "SUCCEEDED" ]] ;;
+    grep -o "Job '$id' submitted successfully" "$out" || true
+    python3 "$ROOT/cluster/job_follow.py" "http://127.0.0.1:$DASH" "$id" ;;
   serve)
     # deploy a Serve config (default serving/config.yaml) on this cluster and wait until it is RUNNING
     config="$(realpath "${2:-$ROOT/serving/config.yaml}")"

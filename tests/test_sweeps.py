@@ -84,3 +84,16 @@ def test_a_bad_pair_file_stops_the_sweep_before_anything_starts(tmp_path):
     assert proc.returncode == 2
     assert proc.stderr.strip().splitlines()[-1] == (f"error: {tmp_path / 'bad.csv'}: split 'train' has 1 pairs; at "
                                                     "least 20 are needed.")
+
+
+def test_a_failing_job_ends_the_submit_with_its_output_and_failed(ray_cluster):
+    """`cluster/local.sh submit` follows the job to its end: what the job printed, then the verdict as the last
+    line, and a non-zero exit when the job failed."""
+    import re
+
+    proc = subprocess.run([str(REPO / "cluster" / "local.sh"), "submit", "--", "python", "-c",
+                           "import sys; print('half done', flush=True); sys.exit(3)"], env=ray_cluster, cwd=REPO,
+                          capture_output=True, text=True, timeout=120)
+    lines = proc.stdout.strip().splitlines()
+    assert proc.returncode == 1 and "half done" in lines, proc.stdout + proc.stderr
+    assert re.fullmatch(r"Job 'embed-[\w-]+' FAILED", lines[-1]), lines[-1]
