@@ -30,7 +30,8 @@ from ray import serve
 
 from serving.api import ERRORS, api, found_job, json_response
 from serving.args import AppArgs, deployment_options
-from serving.deployments import CrossEncoderScorer, EncodeError, Encoder, WarmJobs, corpus_texts, set_threads
+from serving.deployments import (SHUTDOWN_POLL_S, CrossEncoderScorer, EncodeError, Encoder, WarmJobs, corpus_texts,
+                                 set_threads)
 from serving.errors import ApiError, error_responses
 from serving.schemas import (RerankRequest, RerankResponse, ScoreRequest, ScoreResponse, TeiRank, TeiRerankRequest,
                              WarmJob, WarmRequest, check_texts)
@@ -39,7 +40,7 @@ from serving.scorer import PairScorer, cascade_scores
 log = logging.getLogger("ray.serve")  # Serve's logger: lines land in the replica's log, tagged with the replica
 
 
-@serve.deployment
+@serve.deployment(graceful_shutdown_wait_loop_s=SHUTDOWN_POLL_S)
 @serve.ingress(api)
 class Ingress:
     def __init__(self, encoder, cross_encoder, warm_jobs, args: dict[str, Any], tracking_uri: str | None) -> None:

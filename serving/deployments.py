@@ -30,6 +30,12 @@ log = logging.getLogger("ray.serve")
 BATCHES_IN_FLIGHT = 2
 
 
+#: how often a stopping replica checks whether its in-flight requests are done (Serve's default is 2 s): a replica
+#: always waits one period before it stops, so each idle replica of a redeploy, a scale-down or a shutdown
+#: otherwise holds its CPU share (and the next replica's stop) for the whole period
+SHUTDOWN_POLL_S = 0.2
+
+
 def set_threads(num_cpus: float, batches: int = 1) -> int:
     """torch's intra-op threads for a replica of `num_cpus` running `batches` batches at once; returns them."""
     import torch
@@ -79,7 +85,7 @@ class EncodeError(ValueError):
     """A text the encoder could not take (the edge checks let it through)."""
 
 
-@serve.deployment
+@serve.deployment(graceful_shutdown_wait_loop_s=SHUTDOWN_POLL_S)
 class Encoder:
     """Frozen encoder of the model's manifest, with a bounded LRU of sentence vectors."""
 
@@ -152,7 +158,7 @@ class Encoder:
         return self.cache.stats()
 
 
-@serve.deployment
+@serve.deployment(graceful_shutdown_wait_loop_s=SHUTDOWN_POLL_S)
 class CrossEncoderScorer:
     """Scores pairs with a cross-encoder; a served teacher's scores are on the frozen cosine's scale (its
     calibration), so the cascade can mix them with the adapter's."""
@@ -191,7 +197,8 @@ class CrossEncoderScorer:
         return out
 
 
-@serve.deployment(num_replicas=1, ray_actor_options={"num_cpus": 0.05})
+@serve.deployment(num_replicas=1, ray_actor_options={"num_cpus": 0.05},
+                  graceful_shutdown_wait_loop_s=SHUTDOWN_POLL_S)
 class WarmJobs:
     """Background warm jobs over the encoder's cache: submit, poll, cancel. Finished jobs are kept (the
     `keep` most recent) so their outcome can be read after they end."""
