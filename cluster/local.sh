@@ -63,11 +63,11 @@ case "${1:-}" in
       ${RAY_METRICS_PORT:+--metrics-export-port=$RAY_METRICS_PORT} \
       --disable-usage-stats >"$STATE/head.log" 2>&1 &
     echo $! >"$PIDFILE"
-    for _ in $(seq 1 120); do
+    for _ in $(seq 1 480); do
       if curl -sf -H "Authorization: Bearer $(cat "$RAY_AUTH_TOKEN_PATH")" "http://127.0.0.1:$DASH/api/version" >/dev/null 2>&1; then
         echo "local Ray up: address 127.0.0.1:$PORT, dashboard/jobs http://127.0.0.1:$DASH"; exit 0; fi
       running || { echo "ray start failed; see $STATE/head.log" >&2; tail -20 "$STATE/head.log" >&2; exit 1; }
-      sleep 1
+      sleep 0.25
     done
     echo "local Ray did not answer on :$DASH within 120 s; see $STATE/head.log" >&2; exit 1 ;;
   stop)
