@@ -162,6 +162,54 @@ def test_local_serve_waits_for_the_configs_applications_and_stops_at_a_failure(t
     assert _serve_verdict(config, {}) == "failed the config lists no application"
 
 
+def test_the_job_follower_prints_a_growing_log_once_and_the_rest_after_the_end():
+    """cluster/job_follow.py against a stand-in of the dashboard's job API: the log as it grows, every character
+    once, the part written just before the job ended fetched after the end, a refused read retried, the token
+    sent, and the job's final status returned."""
+    import importlib.util
+    import io
+    import threading
+    from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
+
+    spec = importlib.util.spec_from_file_location("job_follow", CLUSTER / "job_follow.py")
+    job_follow = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(job_follow)
+    # per status read: (status, the log so far); the 3rd status read fails once with a 503
+    script = [("PENDING", ""), ("RUNNING", "line 1\n"), (None, None), ("RUNNING", "line 1\nline 2\n"),
+              ("FAILED", "line 1\nline 2\nlast words\n")]
+    state = {"i": -1, "auth": set()}
+
+    class Api(BaseHTTPRequestHandler):
+        def do_GET(self):
+            state["auth"].add(self.headers.get("Authorization"))
+            if self.path == "/api/jobs/j1":
+                state["i"] = min(state["i"] + 1, len(script) - 1)
+            status, logs = script[max(state["i"], 0)]
+            if status is None:
+                self.send_response(503)
+                self.end_headers()
+                return
+            body = json.dumps({"status": status} if self.path == "/api/jobs/j1" else {"logs": logs}).encode()
+            self.send_response(200)
+            self.send_header("Content-Type", "application/json")
+            self.end_headers()
+            self.wfile.write(body)
+
+        def log_message(self, *args):
+            pass
+
+    server = ThreadingHTTPServer(("127.0.0.1", 0), Api)
+    threading.Thread(target=server.serve_forever, daemon=True).start()
+    try:
+        out = io.StringIO()
+        status = job_follow.follow(f"http://127.0.0.1:{server.server_address[1]}", "j1", "tok", out=out)
+    finally:
+        server.shutdown()
+    assert status == "FAILED"
+    assert out.getvalue() == "line 1\nline 2\nlast words\n"
+    assert state["auth"] == {"Bearer tok"}
+
+
 @pytest.mark.integration
 def test_the_local_cluster_listens_on_loopback_only_and_stop_closes_every_port():
     """A cluster of its own: every socket its processes listen on is on loopback (nothing is on an
