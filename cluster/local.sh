@@ -112,7 +112,7 @@ print(json.dumps({"working_dir": ".", "excludes": json.load(open(sys.argv[1]))["
     id="embed-$(date +%Y%m%d-%H%M%S)-$$"
     out="$(mktemp)"; trap 'rm -f "$out"' EXIT
     # submit (right after `start` the job agent may not have registered yet: retry that one refusal), then follow
-    # the job's log to its end: cluster/job_follow.py reads the job API several times a second and prints the
+    # the job's log to its end: cluster/dashboard.py reads the job API several times a second and prints the
     # verdict as its last line (`ray job submit` without --no-wait notices a job's end seconds late)
     for attempt in $(seq 1 60); do
       ray job submit --no-wait --address "http://127.0.0.1:$DASH" --submission-id "$id" \
@@ -121,7 +121,7 @@ print(json.dumps({"working_dir": ".", "excludes": json.load(open(sys.argv[1]))["
       sleep 2
     done
     grep -o "Job '$id' submitted successfully" "$out" || true
-    python3 "$ROOT/cluster/job_follow.py" "http://127.0.0.1:$DASH" "$id" ;;
+    python3 "$ROOT/cluster/dashboard.py" follow-job "http://127.0.0.1:$DASH" "$id" ;;
   serve)
     # deploy a Serve config (default serving/config.yaml) on this cluster and wait until it is RUNNING
     config="$(realpath "${2:-$ROOT/serving/config.yaml}")"
@@ -129,20 +129,10 @@ print(json.dumps({"working_dir": ".", "excludes": json.load(open(sys.argv[1]))["
     running || { echo "local Ray is not running: cluster/local.sh start first" >&2; exit 1; }
     cd "$ROOT"
     serve deploy "$config" --address "http://127.0.0.1:$DASH"
-    # poll the dashboard's Serve REST API (what `serve status` reads, without starting a Python that imports Ray
-    # each time) until every application of the config is RUNNING with healthy deployments, or one has failed
-    token="$(cat "$RAY_AUTH_TOKEN_PATH")"
-    deadline=$((SECONDS + 600))
-    while (( SECONDS < deadline )); do
-      st=$(curl -sf -H "Authorization: Bearer $token" "http://127.0.0.1:$DASH/api/serve/applications/" || true)
-      verdict=$(python3 "$ROOT/cluster/serve_status.py" "$config" <<<"$st")
-      case "$verdict" in
-        running*) echo "Serve application RUNNING: http://127.0.0.1:${verdict#running }/docs"; exit 0 ;;
-        failed*) echo "Serve application failed: ${verdict#failed }" >&2; exit 1 ;;
-      esac
-      sleep 0.5
-    done
-    echo "Serve application not RUNNING after 600 s: $verdict" >&2; exit 1 ;;
+    # wait on the dashboard's Serve REST API (what `serve status` reads, polled from one process instead of a
+    # Python that imports Ray per look) until every application of the config is RUNNING with healthy
+    # deployments, or one has failed
+    python3 "$ROOT/cluster/dashboard.py" wait-serve "http://127.0.0.1:$DASH" "$config" ;;
   *)
     echo "usage: $0 start | stop | status | env | submit -- COMMAND... | serve [CONFIG]" >&2; exit 2 ;;
 esac

@@ -129,11 +129,20 @@ def test_serve_env_file_errors_name_the_line(tmp_path):
         serve_env(bad)
 
 
+def _dashboard():
+    """cluster/dashboard.py, a script of local.sh (cluster/ is not a package)."""
+    import importlib.util
+
+    spec = importlib.util.spec_from_file_location("dashboard", CLUSTER / "dashboard.py")
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    return module
+
+
 def _serve_verdict(config_path: Path, answer) -> str:
-    body = answer if isinstance(answer, str) else json.dumps({"applications": answer})
-    out = subprocess.run([sys.executable, str(CLUSTER / "serve_status.py"), str(config_path)], input=body,
-                         capture_output=True, text=True, check=True)
-    return out.stdout.strip()
+    """The verdict on a Serve REST answer: "" stands for no answer, a dict for the listed applications."""
+    return _dashboard().verdict(yaml.safe_load(config_path.read_text()),
+                                None if answer == "" else {"applications": answer})
 
 
 def test_local_serve_waits_for_the_configs_applications_and_stops_at_a_failure(tmp_path):
@@ -163,17 +172,14 @@ def test_local_serve_waits_for_the_configs_applications_and_stops_at_a_failure(t
 
 
 def test_the_job_follower_prints_a_growing_log_once_and_the_rest_after_the_end():
-    """cluster/job_follow.py against a stand-in of the dashboard's job API: the log as it grows, every character
-    once, the part written just before the job ended fetched after the end, a refused read retried, the token
-    sent, and the job's final status returned."""
-    import importlib.util
+    """cluster/dashboard.py follow-job against a stand-in of the dashboard's job API: the log as it grows, every
+    character once, the part written just before the job ended fetched after the end, a refused read retried,
+    the token sent, and the job's final status returned."""
     import io
     import threading
     from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 
-    spec = importlib.util.spec_from_file_location("job_follow", CLUSTER / "job_follow.py")
-    job_follow = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(job_follow)
+    dashboard = _dashboard()
     # per status read: (status, the log so far); the 3rd status read fails once with a 503
     script = [("PENDING", ""), ("RUNNING", "line 1\n"), (None, None), ("RUNNING", "line 1\nline 2\n"),
               ("FAILED", "line 1\nline 2\nlast words\n")]
@@ -202,7 +208,7 @@ def test_the_job_follower_prints_a_growing_log_once_and_the_rest_after_the_end()
     threading.Thread(target=server.serve_forever, daemon=True).start()
     try:
         out = io.StringIO()
-        status = job_follow.follow(f"http://127.0.0.1:{server.server_address[1]}", "j1", "tok", out=out)
+        status = dashboard.follow(f"http://127.0.0.1:{server.server_address[1]}", "j1", "tok", out=out)
     finally:
         server.shutdown()
     assert status == "FAILED"

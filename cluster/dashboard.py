@@ -1,0 +1,136 @@
+"""What `cluster/local.sh` asks the local cluster's dashboard REST API, with the token of $RAY_AUTH_TOKEN_PATH
+(standard library only, plus PyYAML to read a Serve config). Polling from one process, not a new `ray` / `serve`
+command per look (each imports Ray), and not `ray job submit`'s own log tail, which notices a job's end only
+after its polling rounds, seconds after the job's last line.
+
+    python3 cluster/dashboard.py follow-job <dashboard address> <submission id>
+        prints the job's log as it grows (the remainder once the job has ended), then `Job '<id>' SUCCEEDED` /
+        FAILED / STOPPED as the last line; exit 0 only for SUCCEEDED. Ctrl-C stops following, not the job.
+    python3 cluster/dashboard.py wait-serve <dashboard address> <Serve config>
+        waits until every application of the config is RUNNING with healthy deployments (exit 0, prints the
+        docs URL) or one of them has failed (exit 1, with its message); 600 s at the most.
+"""
+from __future__ import annotations
+
+import json
+import os
+import sys
+import time
+import urllib.error
+import urllib.request
+
+TERMINAL = {"SUCCEEDED", "FAILED", "STOPPED"}
+FAILED = {"DEPLOY_FAILED", "UNHEALTHY"}
+#: seconds between a job's status reads; its log is read at most every LOG_EVERY seconds while it runs; seconds
+#: between reads of the Serve applications' status
+STATUS_EVERY, LOG_EVERY, SERVE_EVERY = 0.25, 1.0, 0.5
+
+
+def _token() -> str | None:
+    path = os.environ.get("RAY_AUTH_TOKEN_PATH")
+    return open(path, encoding="utf-8").read().strip() if path and os.path.isfile(path) else None
+
+
+def _get(url: str, token: str | None) -> dict:
+    req = urllib.request.Request(url, headers={"Authorization": f"Bearer {token}"} if token else {})
+    with urllib.request.urlopen(req, timeout=30) as resp:
+        return json.loads(resp.read())
+
+
+def follow(address: str, job_id: str, token: str | None, out=sys.stdout, give_up_s: float = 60.0) -> str:
+    """Print the job's log as it grows until the job ends; returns its final status. Transient errors of the
+    API (the job not yet listed, a refused connection) are retried for `give_up_s` seconds in a row."""
+    base = f"{address.rstrip('/')}/api/jobs/{job_id}"
+    printed, last_log, failing_since = 0, 0.0, None
+    while True:
+        try:
+            status = _get(base, token)["status"]
+            if status in TERMINAL or time.monotonic() - last_log >= LOG_EVERY:
+                logs = _get(f"{base}/logs", token).get("logs") or ""
+                out.write(logs[printed:])
+                out.flush()
+                printed, last_log = len(logs), time.monotonic()
+            failing_since = None
+        except (urllib.error.URLError, OSError, ValueError, KeyError) as exc:
+            failing_since = failing_since or time.monotonic()
+            if time.monotonic() - failing_since > give_up_s:
+                raise RuntimeError(f"the job API at {address} did not answer for {give_up_s:.0f} s: {exc}") from exc
+            status = None
+        if status in TERMINAL:
+            return status
+        time.sleep(STATUS_EVERY)
+
+
+def verdict(config: dict, answer: dict | None) -> str:
+    """One line on a deploy of `config` from the Serve REST answer (GET /api/serve/applications/; None: no
+    answer): `running <http port>` when every application of the config is RUNNING and each of its deployments
+    HEALTHY; `failed <application: status, message>` when one of them failed (or the config lists none);
+    `waiting <statuses>` otherwise (including while the controller has not listed an application yet)."""
+    names = [a.get("name", "default") for a in config.get("applications") or []]
+    if not names:
+        return "failed the config lists no application"
+    try:
+        apps = answer["applications"] or {}
+    except (KeyError, TypeError):
+        return "waiting for the Serve REST API"
+    states = {n: apps[n]["status"] for n in names if n in apps}
+    for n in states:
+        deployments = apps[n].get("deployments") or {}
+        bad = {d: v["status"] for d, v in deployments.items() if v.get("status") in FAILED}
+        if states[n] in FAILED or bad:
+            parts = [f"failed {n}: {states[n]}", *(f"deployment {d} {st}" for d, st in bad.items()),
+                     apps[n].get("message") or ""]
+            return "; ".join(p for p in parts if p)
+    healthy = all(states.get(n) == "RUNNING" and all(v.get("status") == "HEALTHY" for v in
+                                                      (apps[n].get("deployments") or {}).values()) for n in names)
+    if healthy:
+        return f"running {(config.get('http_options') or {}).get('port', 8000)}"
+    return "waiting " + ", ".join(f"{n}: {states.get(n, 'not listed')}" for n in names)
+
+
+def wait_serve(address: str, config: dict, token: str | None, deadline_s: float = 600.0) -> str:
+    """Poll the Serve REST API every SERVE_EVERY seconds until the verdict is running or failed (returned), or
+    `deadline_s` has passed (the last waiting verdict)."""
+    end = time.monotonic() + deadline_s
+    while True:
+        try:
+            answer = _get(f"{address.rstrip('/')}/api/serve/applications/", token)
+        except (urllib.error.URLError, OSError, ValueError):
+            answer = None
+        line = verdict(config, answer)
+        if not line.startswith("waiting") or time.monotonic() > end:
+            return line
+        time.sleep(SERVE_EVERY)
+
+
+def main(argv: list[str]) -> int:
+    if len(argv) != 3 or argv[0] not in ("follow-job", "wait-serve"):
+        print(__doc__.split("\n\n", 1)[1].rstrip(), file=sys.stderr)
+        return 2
+    command, address, target = argv
+    if command == "wait-serve":
+        import yaml
+
+        with open(target, encoding="utf-8") as fh:
+            line = wait_serve(address, yaml.safe_load(fh) or {}, _token())
+        if line.startswith("running"):
+            print(f"Serve application RUNNING: http://127.0.0.1:{line.split()[1]}/docs")
+            return 0
+        print(f"Serve application failed: {line[len('failed '):]}" if line.startswith("failed") else
+              f"Serve application not RUNNING after 600 s: {line}", file=sys.stderr)
+        return 1
+    try:
+        status = follow(address, target, _token())
+    except KeyboardInterrupt:
+        print(f"\nStopped following job '{target}'; it keeps running (`ray job stop --address {address} {target}` "
+              "ends it).", file=sys.stderr)
+        return 130
+    except RuntimeError as exc:
+        print(f"Job '{target}' UNKNOWN: {exc}")
+        return 1
+    print(f"Job '{target}' {status}")
+    return 0 if status == "SUCCEEDED" else 1
+
+
+if __name__ == "__main__":
+    sys.exit(main(sys.argv[1:]))
