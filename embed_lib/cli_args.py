@@ -157,8 +157,9 @@ def add_adapter_flags(p: argparse.ArgumentParser) -> None:
         if f.type in ("bool",) or isinstance(f.default, bool):
             p.add_argument(flag, action=argparse.BooleanOptionalAction, default=f.default, help=docs.get(f.name))
         else:
+            allowed = f"; allowed {f.metadata['bounds'].describe()}" if "bounds" in f.metadata else ""
             p.add_argument(flag, type=type(f.default), default=f.default,
-                           help=f"{docs.get(f.name, '')} (default {f.default!r})")
+                           help=f"{docs.get(f.name, '')} (default {f.default!r}{allowed})")
     p.add_argument("--seeds", type=int, default=d.n_seeds, help=f"seeds in the group (default {d.n_seeds})")
 
 

@@ -6,6 +6,7 @@ so every field is a small JSON-serialisable value.
 from __future__ import annotations
 
 import dataclasses
+import numbers
 import os
 from dataclasses import dataclass
 from pathlib import Path
@@ -20,19 +21,50 @@ ENCODER_ALIASES = {"minilm": "sentence-transformers/all-MiniLM-L6-v2"}
 DTYPES = ("float32", "float16", "bfloat16")
 
 
-def _check_range(name: str, value: float, low: float, high: float, *, low_open: bool = False) -> None:
-    ok = (value > low if low_open else value >= low) and value <= high
-    if not ok:
-        bracket = "(" if low_open else "["
-        raise ValueError(f"{name}={value!r} is out of range; allowed {bracket}{low}, {high}].")
+@dataclass(frozen=True)
+class Bounds:
+    """The values a numeric config field allows, declared once beside the field (`bounded`) and checked by
+    `check_bounds`; integer bounds make an integer field."""
+
+    low: float
+    high: float
+    low_open: bool = False
+    allow_none: bool = False
+
+    @property
+    def integer(self) -> bool:
+        return isinstance(self.low, int) and isinstance(self.high, int)
+
+    def describe(self) -> str:
+        if self.integer:
+            allowed = f"{self.low}..{self.high}"
+        else:
+            allowed = f"{'(' if self.low_open else '['}{self.low}, {self.high}]"
+        return f"None or {allowed}" if self.allow_none else allowed
+
+    def check(self, name: str, value: Any) -> None:
+        if self.allow_none and value is None:
+            return
+        if self.integer:
+            if isinstance(value, bool) or not isinstance(value, int) or not self.low <= value <= self.high:
+                raise ValueError(f"{name}={value!r}; allowed {self.describe()}.")
+            return
+        if isinstance(value, bool) or not isinstance(value, numbers.Real):
+            raise ValueError(f"{name}={value!r} is not a number; allowed {self.describe()}.")
+        if not ((value > self.low if self.low_open else value >= self.low) and value <= self.high):
+            raise ValueError(f"{name}={value!r} is out of range; allowed {self.describe()}.")
 
 
-def _check_int(name: str, value: Any, low: int, high: int, *, allow_none: bool = False) -> None:
-    if allow_none and value is None:
-        return
-    if isinstance(value, bool) or not isinstance(value, int) or not low <= value <= high:
-        allowed = f"None or {low}..{high}" if allow_none else f"{low}..{high}"
-        raise ValueError(f"{name}={value!r}; allowed {allowed}.")
+def bounded(default: Any, low: float, high: float, *, low_open: bool = False, allow_none: bool = False) -> Any:
+    """A dataclass field with a default and the values it allows (see `Bounds`)."""
+    return dataclasses.field(default=default, metadata={"bounds": Bounds(low, high, low_open, allow_none)})
+
+
+def check_bounds(config: Any) -> None:
+    """Raise a ValueError naming the first field of `config` outside its declared bounds."""
+    for f in dataclasses.fields(config):
+        if "bounds" in f.metadata:
+            f.metadata["bounds"].check(f"{type(config).__name__}.{f.name}", getattr(config, f.name))
 
 
 #: inference backends of the encoder and the cross-encoder (embed_lib.onnx_backend)
@@ -71,11 +103,11 @@ class EncoderConfig:
     #: attention temperature (TempScale): attention logits are divided by tau_attn in every
     #: self-attention layer at inference. 1.0 is the unmodified model; < 1 sharpens attention,
     #: which counters the length-induced collapse of mean-pooled embeddings.
-    tau_attn: float = 1.0
+    tau_attn: float = bounded(1.0, 0.0, 10.0, low_open=True)
     #: truncation length in tokens; None keeps the model's own max_seq_length.
-    max_seq_length: int | None = None
+    max_seq_length: int | None = bounded(None, 1, 32768, allow_none=True)
     #: sentences per forward pass (sorted by length, so padding stays small).
-    batch_size: int = 64
+    batch_size: int = bounded(64, 1, 4096)
     #: dtype of the stored vectors and of the forward pass on accelerators (CPU always float32).
     dtype: str = "float32"
     #: "cpu", "cuda", "cuda:1", ... or None for the best available device.
@@ -91,9 +123,7 @@ class EncoderConfig:
     def __post_init__(self) -> None:
         if not isinstance(self.model, str) or not self.model.strip():
             raise ValueError(f"EncoderConfig.model must be a non-empty model id, path or alias; got {self.model!r}.")
-        _check_range("EncoderConfig.tau_attn", float(self.tau_attn), 0.0, 10.0, low_open=True)
-        _check_int("EncoderConfig.max_seq_length", self.max_seq_length, 1, 32768, allow_none=True)
-        _check_int("EncoderConfig.batch_size", self.batch_size, 1, 4096)
+        check_bounds(self)
         if self.dtype not in DTYPES:
             raise ValueError(f"EncoderConfig.dtype={self.dtype!r}; allowed {list(DTYPES)}.")
         if self.prompt is not None and self.prompt_name is not None:
@@ -143,48 +173,48 @@ class AdapterConfig:
     #: [S] difficulty target supervising the gate / complexity: none | surface | lexical | ce_margin
     target: str = "ce_margin"
     #: [S] bound on how far a pair moves from the anchor (pair forms) / mixing weight (preserving form)
-    gamma: float = 0.1
+    gamma: float = bounded(0.1, 0.0, 1.0)
     #: [S] amplitude of the per-sentence scaling: alpha in 1 +- alpha0
-    alpha0: float = 0.5
+    alpha0: float = bounded(0.5, 0.0, 1.0)
     #: [S] normalisation exponent p of s_p (1 = cosine, 0 = dot product); the initial value when learned
-    p: float = 1.0
+    p: float = bounded(1.0, 0.0, 1.0)
     #: [S] learn p = sigmoid(p_hat) (tied for both sides: the tasks are symmetric)
     learn_p: bool = False
     #: [S] temperature of the task loss
-    tau: float = 0.05
+    tau: float = bounded(0.05, 0.0, 10.0, low_open=True)
     #: [S] task loss: cosent (ranking) | logistic (binary tasks) | mse
     loss: str = "cosent"
     #: [S] weight of the gate / complexity supervision MSE(g or c, target). With cosent at tau=0.05 the task
     #: gradients are scaled by 1/tau = 20, so a weight near 1 is swamped: sweep it over orders of magnitude.
-    lambda_c: float = 10.0
+    lambda_c: float = bounded(10.0, 0.0, 1e4)
     #: [S] pair_gated: let the task loss train the gate as well ("joint gate"). False (default): the gate learns
     #: only its difficulty target and the score uses it as a fixed weight, so the gate carries the signal and
     #: not extra capacity (a jointly trained gate with shuffled targets gains as much as with the real ones)
     gate_task_grad: bool = False
     #: [S] weight of the modulus constraint (norm alignment of similar pairs)
-    lambda_mod: float = 0.0
+    lambda_mod: float = bounded(0.0, 0.0, 1e4)
     #: [S] anchoring: weight of the residual-magnitude penalty mean(((s - s0) / gamma)^2) / tau (pair forms);
     #: it keeps a pair at the frozen score unless moving it pays on the task loss (/ tau like CoSENT's gradients)
-    lambda_delta: float = 0.0
+    lambda_delta: float = bounded(0.0, 0.0, 1e4)
     #: [S] anchoring: novelty gate (pair forms). 0 = off; q > 0 closes the residual for pairs with a sentence
     #: less familiar (max cosine to the training sentences) than the q-quantile of the training sentences'
     #: leave-one-out familiarity, opening linearly up to the (q + 0.25)-quantile
-    novelty_quantile: float = 0.0
+    novelty_quantile: float = bounded(0.0, 0.0, 0.7)
     #: [N] learning rate (AdamW)
-    lr: float = 1e-3
+    lr: float = bounded(1e-3, 0.0, 1.0, low_open=True)
     #: [N] AdamW weight decay
-    weight_decay: float = 0.01
+    weight_decay: float = bounded(0.01, 0.0, 1.0)
     #: [N] working width k of h = LayerNorm(W x + b) of the pair forms (per-sentence forms work in the
     #: embedding's own dimension)
-    width: int = 128
+    width: int = bounded(128, 1, 4096)
     #: [N] hidden units of the small MLPs
-    hidden: int = 128
+    hidden: int = bounded(128, 1, 4096)
     #: [N] epochs over the training pairs (the best epoch on validation is kept per seed)
-    epochs: int = 10
+    epochs: int = bounded(10, 1, 1000)
     #: [N] pairs per step
-    batch_size: int = 128
+    batch_size: int = bounded(128, 2, 65536)
     #: seeds of the group: seed0, seed0 + 1, ..., seed0 + n_seeds - 1
-    n_seeds: int = 5
+    n_seeds: int = bounded(5, 1, 100)
     seed0: int = 0
 
     def __post_init__(self) -> None:
@@ -203,22 +233,10 @@ class AdapterConfig:
                              f"choose one of {[t for t in TARGETS if t != 'none']}.")
         if self.loss not in LOSSES:
             raise ValueError(f"Unknown loss {self.loss!r}. Valid losses: {list(LOSSES)}.")
-        _check_range("AdapterConfig.gamma", self.gamma, 0.0, 1.0)
-        _check_range("AdapterConfig.alpha0", self.alpha0, 0.0, 1.0)
-        _check_range("AdapterConfig.p", self.p, 0.0, 1.0)
-        _check_range("AdapterConfig.tau", self.tau, 0.0, 10.0, low_open=True)
-        _check_range("AdapterConfig.lambda_c", self.lambda_c, 0.0, 1e4)
-        _check_range("AdapterConfig.lambda_mod", self.lambda_mod, 0.0, 1e4)
-        _check_range("AdapterConfig.lambda_delta", self.lambda_delta, 0.0, 1e4)
-        _check_range("AdapterConfig.novelty_quantile", self.novelty_quantile, 0.0, 0.7)
+        check_bounds(self)
         if self.novelty_quantile > 0 and not self.adapter.startswith("pair"):
             raise ValueError(f"AdapterConfig.novelty_quantile={self.novelty_quantile} applies to the pair forms; "
                              f"adapter {self.adapter!r} has no residual to close. Set it to 0.")
-        _check_range("AdapterConfig.lr", self.lr, 0.0, 1.0, low_open=True)
-        _check_range("AdapterConfig.weight_decay", self.weight_decay, 0.0, 1.0)
-        for name, lo, hi in (("width", 1, 4096), ("hidden", 1, 4096), ("epochs", 1, 1000),
-                             ("batch_size", 2, 65536), ("n_seeds", 1, 100)):
-            _check_int(f"AdapterConfig.{name}", getattr(self, name), lo, hi)
 
     @property
     def seeds(self) -> list[int]:

@@ -32,7 +32,7 @@ from typing import Any, Callable, Mapping
 import numpy as np
 import torch
 
-from embed_lib.config import _check_int, _check_range, default_cache_dir
+from embed_lib.config import bounded, check_bounds, default_cache_dir
 from embed_lib import teacher_fit as F
 from embed_lib.encoders import resolve_model
 from embed_lib.tasks import PairData
@@ -49,25 +49,25 @@ class TeacherConfig:
     #: True: `model` is already a cross-encoder; score without training
     pretrained: bool = False
     #: folds of the cross-fitting (every train pair scored by a model that did not see it)
-    folds: int = 3
+    folds: int = bounded(3, 2, 20)
     #: the most epochs per fold; early stopping keeps the best epoch on the fold's early-stopping slice
-    epochs: int = 3
+    epochs: int = bounded(3, 1, 50)
     #: epochs without improvement on the early-stopping slice before a fold stops
-    patience: int = 1
+    patience: int = bounded(1, 1, 50)
     #: fraction of each fold's training part held out for early stopping (0: train on all, keep the last epoch)
-    early_stopping_fraction: float = 0.1
+    early_stopping_fraction: float = bounded(0.1, 0.0, 0.5)
     #: peak learning rate; 5e-5 with warmup and decay (2e-5 for one epoch leaves MiniLM below the cosine)
-    lr: float = 5e-5
+    lr: float = bounded(5e-5, 0.0, 1.0, low_open=True)
     #: fraction of the steps spent warming the learning rate up (linear), before its linear decay to 0
-    warmup: float = 0.1
+    warmup: float = bounded(0.1, 0.0, 1.0)
     #: AdamW weight decay (never on norms and biases)
-    weight_decay: float = 0.01
+    weight_decay: float = bounded(0.01, 0.0, 1.0)
     #: gradient-norm clip
-    grad_clip: float = 1.0
+    grad_clip: float = bounded(1.0, 0.0, 1e6, low_open=True)
     #: pairs per step
-    batch_size: int = 16
+    batch_size: int = bounded(16, 2, 1024)
     #: tokens per pair (both sentences together); longer pairs are truncated
-    max_length: int = 128
+    max_length: int = bounded(128, 8, 4096)
     #: train on (a, b) and (b, a) and score as the mean of both orders
     both_orders: bool = True
     #: batches of pairs of similar length (shuffled in buckets, batches in random order)
@@ -77,16 +77,7 @@ class TeacherConfig:
     def __post_init__(self) -> None:
         if not isinstance(self.model, str) or not self.model.strip():
             raise ValueError(f"TeacherConfig.model must be a model id, path or alias; got {self.model!r}.")
-        _check_int("TeacherConfig.folds", self.folds, 2, 20)
-        _check_int("TeacherConfig.epochs", self.epochs, 1, 50)
-        _check_int("TeacherConfig.patience", self.patience, 1, 50)
-        _check_range("TeacherConfig.early_stopping_fraction", self.early_stopping_fraction, 0.0, 0.5)
-        _check_range("TeacherConfig.lr", self.lr, 0.0, 1.0, low_open=True)
-        _check_range("TeacherConfig.warmup", self.warmup, 0.0, 1.0)
-        _check_range("TeacherConfig.weight_decay", self.weight_decay, 0.0, 1.0)
-        _check_range("TeacherConfig.grad_clip", self.grad_clip, 0.0, 1e6, low_open=True)
-        _check_int("TeacherConfig.batch_size", self.batch_size, 2, 1024)
-        _check_int("TeacherConfig.max_length", self.max_length, 8, 4096)
+        check_bounds(self)
 
 
 #: named recipes. "strong" is the study's teacher; "light" fits a first `make run` on a small CPU machine

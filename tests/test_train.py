@@ -96,6 +96,39 @@ def test_config_validation_names_field_and_range():
     assert AdapterConfig.from_dict(dataclasses.asdict(cfg)) == cfg
 
 
+def test_declared_bounds_are_checked_at_their_edges():
+    # every bounded field of every config: its bounds pass, one step past them fails naming the field
+    from embed_lib.config import EncoderConfig
+    from embed_lib.teacher import TeacherConfig
+
+    checked = 0
+    for cls in (EncoderConfig, AdapterConfig, TeacherConfig):
+        for f in dataclasses.fields(cls):
+            if "bounds" not in f.metadata:
+                continue
+            b, checked = f.metadata["bounds"], checked + 1
+            step = 1 if b.integer else 1e-9 * max(1.0, abs(b.high))
+            low_ok = b.low + step if b.low_open else b.low
+            for ok in (low_ok, b.high) + ((None,) if b.allow_none else ()):
+                assert getattr(cls(**{f.name: ok}), f.name) == ok
+            for bad in (b.low if b.low_open else b.low - step, b.high + step):
+                with pytest.raises(ValueError, match=rf"^{cls.__name__}\.{f.name}={bad!r}"):
+                    cls(**{f.name: bad})
+    assert checked == 3 + 15 + 10
+
+
+def test_bounds_reject_what_is_not_a_number_and_take_numpy_scalars():
+    with pytest.raises(ValueError, match=r"AdapterConfig.lr='0.1' is not a number; allowed \(0.0, 1.0\]"):
+        AdapterConfig(lr="0.1")
+    with pytest.raises(ValueError, match=r"AdapterConfig.gamma=True is not a number"):
+        AdapterConfig(gamma=True)
+    with pytest.raises(ValueError, match=r"AdapterConfig.epochs=2.0; allowed 1..1000"):
+        AdapterConfig(epochs=2.0)
+    with pytest.raises(ValueError, match=r"AdapterConfig.tau=nan is out of range"):
+        AdapterConfig(tau=float("nan"))
+    assert AdapterConfig(gamma=np.float32(0.25), lambda_c=100).gamma == np.float32(0.25)
+
+
 @pytest.mark.integration
 def test_the_mlflow_model_scores_vectors_and_sentences_like_the_library(small, encoder, tmp_path):
     """Round trip through the MLflow registry: the pyfunc model (models from code) on cached vectors and on
