@@ -109,6 +109,8 @@ def add_teacher_flags(p: argparse.ArgumentParser, default_preset: str = "strong"
     for name, kind in (("lr", float), ("max_length", int)):
         p.add_argument(f"--teacher-{name.replace('_', '-')}", type=kind, default=None,
                        help=f"{docs[name]} (default {getattr(d, name)!r})")
+    p.add_argument("--teacher-intermediate", default=None, metavar="TASKS",
+                   help=f"{docs['intermediate']} (default {d.intermediate!r}: no stage)")
     p.add_argument("--no-teacher", action="store_true", help="skip the teacher (no ce_margin target)")
     p.set_defaults(teacher_preset_default=default_preset)  # for tasks a per-task --teacher-preset leaves out
 
@@ -133,7 +135,8 @@ def teacher_config(args: argparse.Namespace, task: str | None = None):
     if args.no_teacher:
         return None
     overrides = {k: v for k, v in (("folds", args.teacher_folds), ("epochs", args.teacher_epochs),
-                                   ("lr", args.teacher_lr), ("max_length", args.teacher_max_length))
+                                   ("lr", args.teacher_lr), ("max_length", args.teacher_max_length),
+                                   ("intermediate", args.teacher_intermediate))
                  if v is not None}
     preset = preset_for(args.teacher_preset, task or getattr(args, "task", ""),
                         getattr(args, "teacher_preset_default", "strong"))
@@ -175,7 +178,9 @@ def teacher_summary(record: dict) -> str:
     """One line: the teacher's recipe, quality against the frozen cosine, independence and cost."""
     q = record.get("quality", {})
     parts = [f"teacher {record['config']['model']} ({record.get('preset', 'custom')} recipe, "
-             f"{record['config']['folds']} folds x <= {record['config']['epochs']} epochs): "]
+             f"{record['config']['folds']} folds x <= {record['config']['epochs']} epochs"
+             + (f", from an intermediate stage on {', '.join(stage['tasks'])} ({stage['pairs']} pairs, "
+                f"{stage['seconds']:.0f}s)" if (stage := record.get("intermediate")) else "") + "): "]
     for split in ("validation", "test"):
         if split in q:
             parts.append(f"{split} Spearman {q[split]['teacher_spearman']:.4f} vs cosine "

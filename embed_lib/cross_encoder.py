@@ -33,6 +33,7 @@ from embed_lib import teacher_fit as F
 from embed_lib.config import check_backend, default_cache_dir
 from embed_lib.tasks import PairData
 from embed_lib.teacher import TeacherConfig, _load, _pairs, error_correlation, fit_on_rows, teacher_key
+from embed_lib.teacher_intermediate import warm_start
 
 log = logging.getLogger(__name__)
 
@@ -73,7 +74,8 @@ def served_teacher(splits: Mapping[str, PairData], cfg: TeacherConfig, s0: Mappi
     device = device or ("cuda" if torch.cuda.is_available() else "cpu")
     train, val, test = splits["train"], splits["validation"], splits["test"]
     t0 = time.perf_counter()
-    ce = _load(cfg, device)
+    start, stage = warm_start(cfg, train, folder.parent.parent, lambda: _load(cfg, device), progress)
+    ce = _load(cfg, device, start)
     curve: list[dict[str, float]] = []
     if not cfg.pretrained:
         curve, _, _ = fit_on_rows(ce, train, np.arange(len(train)), cfg, cfg.seed * 1000 + 999, cfg.seed * 100 + 99,
@@ -88,7 +90,7 @@ def served_teacher(splits: Mapping[str, PairData], cfg: TeacherConfig, s0: Mappi
                    f"one model on all of train, <= {cfg.epochs} epoch(s), " + (
                        f"{cfg.early_stopping_fraction:.0%} of train held out for early stopping"
                        if cfg.early_stopping_fraction else "no early stopping")),
-        "both_orders": cfg.both_orders, "max_length": cfg.max_length, "curve": curve,
+        "both_orders": cfg.both_orders, "max_length": cfg.max_length, "intermediate": stage, "curve": curve,
         "fit_seconds": round(fit_seconds, 1),
         "predict_pairs_per_s": round((len(val) + len(test)) / max(predict_s, 1e-9), 1),
         "calibration": {"logit": _quantiles(scores["validation"]), "cosine": _quantiles(s0["validation"])}}

@@ -43,6 +43,22 @@ def test_teacher_preset_flags_name_the_preset_and_the_fix():
     assert (cfg.folds, cfg.epochs, cfg.early_stopping_fraction) == (4, 1, 0.0)  # preset, then the override
     with pytest.raises(ValueError, match=r"unknown preset 'huge'. Valid presets: \['light', 'strong'\]"):
         preset_for("stsb=huge", "stsb")
+    args = build_parser().parse_args(["train", "--task", "stsb", "--teacher-intermediate", "others"])
+    assert teacher_config(args).intermediate == "others"
+
+
+def test_teacher_summary_names_the_intermediate_stage():
+    from embed_lib.cli_args import teacher_summary
+
+    record = {"config": {"model": "minilm", "folds": 3, "epochs": 1}, "preset": "light", "seconds": 900.0,
+              "quality": {"test": {"teacher_spearman": 0.84, "cosine_spearman": 0.82, "error_correlation": 0.6,
+                                   "rank_average_spearman": 0.86}}}
+    assert "intermediate" not in teacher_summary(record)
+    record["intermediate"] = {"tasks": ["mrpc", "paws", "qqp"], "pairs": 19300, "seconds": 480.4}
+    assert teacher_summary(record) == (
+        "teacher minilm (light recipe, 3 folds x <= 1 epochs, from an intermediate stage on mrpc, paws, qqp (19300 "
+        "pairs, 480s)): test Spearman 0.8400 vs cosine 0.8200, error correlation 0.600, rank average 0.8600; "
+        "900s once per task")
 
 
 def test_retrieval_refuses_a_graded_task(stsb_embedded, capsys):

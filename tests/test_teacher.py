@@ -1,13 +1,20 @@
 from __future__ import annotations
 
+import dataclasses
+import hashlib
+import json
+from pathlib import Path
+
 import numpy as np
 import pytest
 import torch
 
 from embed_lib import teacher as T
 from embed_lib import teacher_fit as F
+from embed_lib import teacher_intermediate as I
 from embed_lib.tasks import load_splits
 from embed_lib.teacher import TeacherConfig, teacher_key, teacher_scores
+from embed_lib.teacher_intermediate import warm_start
 
 TINY = TeacherConfig(folds=2, epochs=2, batch_size=8, max_length=32, early_stopping_fraction=0.25)
 
@@ -45,7 +52,7 @@ def test_no_train_pair_is_scored_by_a_model_that_trained_on_it(tiny_splits, tmp_
     made: list[_FakeCE] = []
     scored: list[tuple[_FakeCE, list]] = []
 
-    def fake_load(cfg, device):
+    def fake_load(cfg, device, start=None):
         made.append(_FakeCE())
         return made[-1]
 
@@ -136,6 +143,9 @@ def test_presets():
     assert T.preset_of(T.teacher_preset("strong")) == "strong"
     assert T.preset_of(T.teacher_preset("light", model="minilm")) == "light"
     assert T.teacher_preset("light").epochs == 1
+    assert T.teacher_preset("light").intermediate == T.teacher_preset("strong").intermediate == "others"
+    assert T.teacher_preset("light", intermediate="").intermediate == ""  # a stage can be switched off
+    assert T.teacher_preset("strong", model="x", pretrained=True).intermediate == ""  # nothing to train
     with pytest.raises(ValueError, match=r"Unknown teacher preset 'huge'. Valid presets: \['light', 'strong'\]"):
         T.teacher_preset("huge")
 
@@ -156,3 +166,73 @@ def test_teacher_errors(tiny_splits, tmp_path):
         teacher_scores({k: v for k, v in tiny_splits.items() if k != "test"}, TINY, tmp_path)
     with pytest.raises(ValueError, match="Could not load cross-encoder '/no/such/ce'"):
         teacher_scores(tiny_splits, TeacherConfig(model="/no/such/ce", pretrained=True), tmp_path)
+
+
+def test_the_intermediate_stage_reads_only_other_tasks_train_pairs(tiny_splits, data_dir, tmp_path, monkeypatch):
+    made: list[tuple[_FakeCE, str | None]] = []
+
+    def fake_load(cfg, device, start=None):
+        made.append((_FakeCE(), start))
+        made[-1][0].save_pretrained = lambda path, **kw: __import__("os").makedirs(path)
+        return made[-1][0]
+
+    def fake_fit(ce, pairs, y, cfg, seed, es_pairs=None, es_y=None, progress=None):
+        ce.seen |= {tuple(p) for p in pairs} | {tuple(p) for p in (es_pairs or [])}
+        ce.stage_cfg = cfg
+        return [{"epoch": 1, "train_loss": 0.0, "seconds": 1.0, "pairs_per_s": 1.0, "early_stopping_spearman": 0.0}]
+
+    monkeypatch.setattr(T, "_load", fake_load)
+    monkeypatch.setattr(F, "fit", fake_fit)
+    cfg = TeacherConfig(folds=2, epochs=1, batch_size=8, max_length=32, intermediate="others", intermediate_pairs=150)
+    _, record = teacher_scores(tiny_splits, cfg, tmp_path)
+    stage, *folds = made
+    assert stage[1] is None and len(folds) == 2  # the stage starts from the backbone; both folds from the stage
+    assert {start for _, start in folds} == {str(tmp_path / "teacher" / "intermediate" / record["intermediate"]["key"])}
+    assert record["intermediate"]["tasks"] == ["mrpc", "paws", "qqp"] and record["intermediate"]["pairs"] == 450
+    allowed = set()
+    for task in ("mrpc", "paws", "qqp"):
+        d = load_splits(task, ("train",), data_dir=data_dir)["train"]
+        allowed |= set(zip(d.sentence1, d.sentence2))
+    assert len(stage[0].seen) == 450 and stage[0].seen <= allowed  # train splits only: never validation or test
+    stsb = {tuple(p) for d in tiny_splits.values() for p in zip(d.sentence1, d.sentence2)}
+    assert not stage[0].seen & stsb
+    assert (stage[0].stage_cfg.epochs, stage[0].stage_cfg.both_orders) == (1, False)
+    made.clear()
+    teacher_scores(tiny_splits, dataclasses.replace(cfg, folds=3), tmp_path)  # another teacher, the same stage
+    assert [start for _, start in made] == [folds[0][1]] * 3
+
+
+def test_intermediate_stage_rules_and_keys(tiny_splits, tmp_path):
+    with pytest.raises(ValueError, match="includes the teacher's own task 'stsb': its train pairs are the folds' "
+                                         "held-out pairs"):
+        teacher_key(TeacherConfig(intermediate="qqp,stsb"), tiny_splits)
+    with pytest.raises(ValueError, match=r"unknown task\(s\) \['qqq'\]"):
+        TeacherConfig(intermediate="qqp,qqq")
+    with pytest.raises(ValueError, match="a pretrained teacher is not trained"):
+        TeacherConfig(pretrained=True, intermediate="others")
+    with pytest.raises(ValueError, match=r"intermediate stage reads the train split of 'qqp' and could not: .*"
+                                         r"skip the stage with --teacher-intermediate ''"):
+        I._train_split("qqp", tmp_path / "no-mirror")
+    with_stage = teacher_key(TeacherConfig(intermediate="others"), tiny_splits)
+    assert with_stage != teacher_key(TeacherConfig(), tiny_splits)
+    assert with_stage != teacher_key(TeacherConfig(intermediate="others", intermediate_pairs=500), tiny_splits)
+    assert with_stage == teacher_key(TeacherConfig(intermediate="paws,mrpc,qqp"), tiny_splits)
+    # a teacher without the stage keeps the key it had before the stage existed (its cache stays valid)
+    old = {k: v for k, v in dataclasses.asdict(TINY).items() if not k.startswith("intermediate")}
+    blob = json.dumps({"teacher": old, "version": 2, "data": {k: v.fingerprint for k, v in sorted(tiny_splits.items())}},
+                      sort_keys=True)
+    assert teacher_key(TINY, tiny_splits) == hashlib.sha256(blob.encode()).hexdigest()[:20]
+
+
+def test_a_real_intermediate_stage_round_trips_through_its_folder(tiny_splits, tmp_path):
+    cfg = TeacherConfig(max_length=32, intermediate="mrpc", intermediate_pairs=100)
+    folder, record = warm_start(cfg, tiny_splits["train"], tmp_path, lambda: T._load(cfg, "cpu"), lambda m: None)
+    assert record["pairs"] == 100 and (Path(folder) / "intermediate.json").is_file()
+    pairs = [[a, b] for a, b in zip(tiny_splits["test"].sentence1, tiny_splits["test"].sentence2)]
+    loaded = []
+    for seed in (0, 1):  # a fresh head would differ between the two loads; the stage's trained head does not
+        torch.manual_seed(seed)
+        loaded.append(T._load(cfg, "cpu", folder))
+    np.testing.assert_allclose(F.predict(loaded[0], pairs, cfg), F.predict(loaded[1], pairs, cfg), rtol=1e-5)
+    body = lambda ce: next(p for n, p in ce.model.named_parameters() if "encoder.layer.0." in n)  # noqa: E731
+    assert not torch.equal(body(loaded[0]), body(T._load(cfg, "cpu")))  # the body trained, and was saved

@@ -1,0 +1,132 @@
+"""The teacher's intermediate stage: its backbone trained once on other tasks' pairs before the folds.
+
+A cross-encoder fine-tuned from a bi-encoder's weights (the default, all-MiniLM-L6-v2) starts without ever
+having attended across a sentence pair, and STS-B's 5.7k training pairs are few to learn that from. A first
+pass over the paraphrase pairs of other tasks (one epoch, one pair order) gives every fold a backbone that
+has (`results/study_notes.md`: one model on all of STS-B train, test 0.818 -> 0.835).
+
+What it may read, so that the teacher's held-out scores stay held out: only the *train* split of each
+intermediate task, and never the teacher's own task (its train pairs are the folds' held-out pairs). The
+stage is cached under <cache>/teacher/intermediate/<key>/, keyed by the backbone, the recipe and the
+intermediate data's fingerprints, and shared by every fold, every task and the served teacher.
+"""
+from __future__ import annotations
+
+import dataclasses
+import hashlib
+import json
+import shutil
+import time
+from pathlib import Path
+from typing import TYPE_CHECKING, Any, Callable
+
+import numpy as np
+
+from embed_lib import teacher_fit as F
+from embed_lib.tasks import PairData, load_task, task_names
+
+if TYPE_CHECKING:
+    from embed_lib.teacher import TeacherConfig
+
+#: `TeacherConfig.intermediate` value for every built-in task but the teacher's own
+OTHERS = "others"
+RECORD = "intermediate.json"
+
+
+def check_spec(spec: str) -> None:
+    """ValueError unless `spec` is '', 'others' or a comma-separated list of built-in tasks."""
+    if not isinstance(spec, str):
+        raise ValueError(f"TeacherConfig.intermediate={spec!r}; give '', {OTHERS!r} or built-in tasks "
+                         f"separated by commas, from {task_names()}.")
+    unknown = [t for t in spec.split(",") if t.strip() and t.strip() not in task_names()] if spec != OTHERS else []
+    if unknown:
+        raise ValueError(f"TeacherConfig.intermediate names unknown task(s) {unknown}; give '', {OTHERS!r} or "
+                         f"built-in tasks separated by commas, from {task_names()}.")
+
+
+def intermediate_tasks(spec: str, task: str) -> list[str]:
+    """The tasks of the stage for a teacher of `task`; its own task is refused (its folds would leak)."""
+    names = [t for t in task_names() if t != task] if spec == OTHERS else [t.strip() for t in spec.split(",")
+                                                                           if t.strip()]
+    if task in names:
+        raise ValueError(f"TeacherConfig.intermediate={spec!r} includes the teacher's own task {task!r}: its train "
+                         f"pairs are the folds' held-out pairs. Leave it out, or use {OTHERS!r}.")
+    return sorted(set(names))
+
+
+def _data_dir(split: PairData) -> Path | None:
+    """The mirror folder the teacher's own task came from (the intermediate tasks come from the same
+    place); None (the default: $EMBED_DATA_DIR or the Hub) for a Hub or custom task."""
+    if split.source.startswith("mirror:"):
+        return Path(split.source[len("mirror:"):]).parent.parent
+    return None
+
+
+def _train_split(name: str, data_dir: Path | None) -> PairData:
+    try:
+        return load_task(name, "train", data_dir)
+    except Exception as exc:
+        raise ValueError(f"The teacher's intermediate stage reads the train split of {name!r} and could not: {exc} "
+                         "Point $EMBED_DATA_DIR (or --data-dir) at the mirror, or skip the stage with "
+                         "--teacher-intermediate '' (TeacherConfig.intermediate='').") from exc
+
+
+def _train_pairs(tasks: list[str], per_task: int, seed: int, data_dir: Path | None):
+    """(pairs, labels, fingerprints): a seeded sample of at most `per_task` train pairs per task."""
+    pairs, labels, prints = [], [], {}
+    for name in tasks:
+        d = _train_split(name, data_dir)
+        rows = np.sort(np.random.default_rng(seed).permutation(len(d))[:per_task])
+        pairs += [[d.sentence1[i], d.sentence2[i]] for i in rows]
+        labels.append(d.label[rows])
+        prints[name] = d.fingerprint
+    return pairs, np.concatenate(labels).astype(np.float32), prints
+
+
+def stage_config(cfg: TeacherConfig) -> TeacherConfig:
+    """The stage's recipe: the teacher's, for one epoch over one pair order, batches of 32, no early stopping."""
+    return dataclasses.replace(cfg, epochs=1, both_orders=False, batch_size=32, early_stopping_fraction=0.0)
+
+
+def _key(cfg: TeacherConfig, prints: dict[str, str]) -> str:
+    recipe = dataclasses.asdict(stage_config(cfg))
+    recipe = {k: recipe[k] for k in ("model", "lr", "warmup", "weight_decay", "grad_clip", "batch_size",
+                                     "max_length", "length_buckets", "seed", "intermediate_pairs")}
+    blob = json.dumps({"recipe": recipe, "data": prints, "version": 1}, sort_keys=True)
+    return hashlib.sha256(blob.encode()).hexdigest()[:20]
+
+
+def stage_key(cfg: TeacherConfig, split: PairData) -> str | None:
+    """The cache key of the stage a teacher of `split`'s task starts from; None without a stage."""
+    if not cfg.intermediate:
+        return None
+    tasks = intermediate_tasks(cfg.intermediate, split.task)
+    prints = {t: _train_split(t, _data_dir(split)).fingerprint for t in tasks}
+    return _key(cfg, prints)
+
+
+def warm_start(cfg: TeacherConfig, split: PairData, cache_root: Path, load: Callable[[], Any],
+               progress: Callable[[str], None]) -> tuple[str | None, dict[str, Any] | None]:
+    """(folder, record) of the stage for a teacher of `split`'s task, trained once and then read from the
+    cache; (None, None) without a stage. `load()` builds the cross-encoder of the backbone weights."""
+    if not cfg.intermediate:
+        return None, None
+    tasks = intermediate_tasks(cfg.intermediate, split.task)
+    pairs, y, prints = _train_pairs(tasks, cfg.intermediate_pairs, cfg.seed, _data_dir(split))
+    folder = cache_root / "intermediate" / _key(cfg, prints)
+    if (folder / RECORD).is_file():
+        return str(folder), json.loads((folder / RECORD).read_text())
+    t0 = time.perf_counter()
+    ce = load()
+    curve = F.fit(ce, pairs, y, stage_config(cfg), cfg.seed, progress=lambda m: progress(f"intermediate stage: {m}"))
+    record = {"tasks": tasks, "pairs": len(pairs), "fingerprints": prints, "curve": curve,
+              "seconds": round(time.perf_counter() - t0, 1), "key": folder.name}
+    tmp = folder.with_name(folder.name + ".tmp")
+    shutil.rmtree(tmp, ignore_errors=True)
+    ce.save_pretrained(str(tmp), safe_serialization=True)
+    (tmp / RECORD).write_text(json.dumps(record, indent=2))
+    try:
+        tmp.rename(folder)
+    except OSError:  # another process finished the same stage first: keep its copy
+        shutil.rmtree(tmp, ignore_errors=True)
+    return str(folder), record
