@@ -85,7 +85,8 @@ baseline: venv
 	$(BIN)/python -m embed_lib baseline --task $(TASK)
 
 ## the reference comparison on all four tasks -> results/study_all.{md,json}. Teachers: the strong recipe on
-## STS-B; the light one elsewhere keeps the one-time teacher cost of the four tasks near an hour on 2 cores
+## STS-B; the light one elsewhere keeps the one-time teacher cost of the four tasks near an hour on 2 cores, plus
+## an intermediate stage per task (~8-10 min each)
 ## (STUDY_TEACHER=strong for the strong recipe everywhere: about 3 hours more on 2 cores)
 STUDY_TEACHER ?= stsb=strong,qqp=light,mrpc=light,paws=light
 study: venv

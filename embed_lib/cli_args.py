@@ -110,7 +110,8 @@ def add_teacher_flags(p: argparse.ArgumentParser, default_preset: str = "strong"
         p.add_argument(f"--teacher-{name.replace('_', '-')}", type=kind, default=None,
                        help=f"{docs[name]} (default {getattr(d, name)!r})")
     p.add_argument("--teacher-intermediate", default=None, metavar="TASKS",
-                   help=f"{docs['intermediate']} (default {d.intermediate!r}: no stage)")
+                   help=f"{docs['intermediate']} (default: the preset's, {PRESETS[default_preset]['intermediate']!r}; "
+                        "'' for none)")
     p.add_argument("--no-teacher", action="store_true", help="skip the teacher (no ce_margin target)")
     p.set_defaults(teacher_preset_default=default_preset)  # for tasks a per-task --teacher-preset leaves out
 
