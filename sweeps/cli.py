@@ -56,7 +56,8 @@ def _precompute_all(args, cache_dir: Path, limit: int | None, transfer: list[str
     """{tau_attn: StudyData} and the teacher record, each computed once before any trial."""
     teacher = teacher_config(args)
     if teacher is not None and args.smoke_test:
-        teacher = dataclasses.replace(teacher, max_length=64, epochs=1, early_stopping_fraction=0.0)
+        # the smoke test checks the path, not the teacher: no intermediate stage (tens of thousands of pairs)
+        teacher = dataclasses.replace(teacher, max_length=64, epochs=1, early_stopping_fraction=0.0, intermediate="")
     if teacher is not None:
         from embed_lib.teacher import preset_of
 
