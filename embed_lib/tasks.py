@@ -134,6 +134,12 @@ class PairData:
     def __len__(self) -> int:
         return len(self.label)
 
+    def mirror_dir(self) -> Path | None:
+        """The mirror folder (`load_task`'s data_dir) this split was read from; None for the Hub or a custom file."""
+        if self.source.startswith("mirror:"):  # "mirror:<data_dir>/<subdir>/<file>.parquet", written by load_task
+            return Path(self.source[len("mirror:"):]).parent.parent
+        return None
+
     def texts(self) -> list[str]:
         """Distinct sentences of the split, in first-seen order."""
         return list(dict.fromkeys([*self.sentence1, *self.sentence2]))

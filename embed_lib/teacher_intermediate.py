@@ -8,11 +8,12 @@ has (`results/study_notes.md`: one model on all of STS-B train, test 0.818 -> 0.
 What it may read, so that the teacher's held-out scores stay held out: only the *train* split of each
 intermediate task, and never the teacher's own task (its train pairs are the folds' held-out pairs). The
 stage is cached under <cache>/teacher/intermediate/<key>/, keyed by the backbone, the recipe and the
-intermediate data's fingerprints, and shared by every fold, every task and the served teacher.
+intermediate data's fingerprints, and shared by every fold, both presets and the served teacher of a task.
 """
 from __future__ import annotations
 
 import dataclasses
+import functools
 import hashlib
 import json
 import shutil
@@ -23,7 +24,7 @@ from typing import TYPE_CHECKING, Any, Callable
 import numpy as np
 
 from embed_lib import teacher_fit as F
-from embed_lib.tasks import PairData, load_task, task_names
+from embed_lib.tasks import PairData, default_data_dir, load_task, task_names
 
 if TYPE_CHECKING:
     from embed_lib.teacher import TeacherConfig
@@ -54,15 +55,9 @@ def intermediate_tasks(spec: str, task: str) -> list[str]:
     return sorted(set(names))
 
 
-def _data_dir(split: PairData) -> Path | None:
-    """The mirror folder the teacher's own task came from (the intermediate tasks come from the same
-    place); None (the default: $EMBED_DATA_DIR or the Hub) for a Hub or custom task."""
-    if split.source.startswith("mirror:"):
-        return Path(split.source[len("mirror:"):]).parent.parent
-    return None
-
-
+@functools.lru_cache(maxsize=None)
 def _train_split(name: str, data_dir: Path | None) -> PairData:
+    """A task's train split, read once per process (the teacher's key and its stage both need it)."""
     try:
         return load_task(name, "train", data_dir)
     except Exception as exc:
@@ -71,16 +66,21 @@ def _train_split(name: str, data_dir: Path | None) -> PairData:
                          "--teacher-intermediate '' (TeacherConfig.intermediate='').") from exc
 
 
-def _train_pairs(tasks: list[str], per_task: int, seed: int, data_dir: Path | None):
-    """(pairs, labels, fingerprints): a seeded sample of at most `per_task` train pairs per task."""
-    pairs, labels, prints = [], [], {}
-    for name in tasks:
-        d = _train_split(name, data_dir)
+def _splits(cfg: TeacherConfig, split: PairData) -> dict[str, PairData]:
+    """The stage's train splits for a teacher of `split`'s task, from where that task came from (the same
+    mirror; else $EMBED_DATA_DIR or the Hub)."""
+    where = split.mirror_dir() or default_data_dir()  # resolved before the per-process cache of _train_split
+    return {t: _train_split(t, where) for t in intermediate_tasks(cfg.intermediate, split.task)}
+
+
+def _sample(splits: dict[str, PairData], per_task: int, seed: int) -> tuple[list[list[str]], np.ndarray]:
+    """(pairs, labels): a seeded sample of at most `per_task` pairs of each split."""
+    pairs, labels = [], []
+    for d in splits.values():
         rows = np.sort(np.random.default_rng(seed).permutation(len(d))[:per_task])
         pairs += [[d.sentence1[i], d.sentence2[i]] for i in rows]
         labels.append(d.label[rows])
-        prints[name] = d.fingerprint
-    return pairs, np.concatenate(labels).astype(np.float32), prints
+    return pairs, np.concatenate(labels).astype(np.float32)
 
 
 def stage_config(cfg: TeacherConfig) -> TeacherConfig:
@@ -88,39 +88,36 @@ def stage_config(cfg: TeacherConfig) -> TeacherConfig:
     return dataclasses.replace(cfg, epochs=1, both_orders=False, batch_size=32, early_stopping_fraction=0.0)
 
 
-def _key(cfg: TeacherConfig, prints: dict[str, str]) -> str:
+def stage_key(cfg: TeacherConfig, split: PairData) -> str | None:
+    """The cache key of the stage a teacher of `split`'s task starts from (the backbone, the recipe and the
+    intermediate data's fingerprints); None without a stage."""
+    if not cfg.intermediate:
+        return None
     recipe = dataclasses.asdict(stage_config(cfg))
     recipe = {k: recipe[k] for k in ("model", "lr", "warmup", "weight_decay", "grad_clip", "batch_size",
                                      "max_length", "length_buckets", "seed", "intermediate_pairs")}
+    prints = {t: d.fingerprint for t, d in _splits(cfg, split).items()}
     blob = json.dumps({"recipe": recipe, "data": prints, "version": 1}, sort_keys=True)
     return hashlib.sha256(blob.encode()).hexdigest()[:20]
-
-
-def stage_key(cfg: TeacherConfig, split: PairData) -> str | None:
-    """The cache key of the stage a teacher of `split`'s task starts from; None without a stage."""
-    if not cfg.intermediate:
-        return None
-    tasks = intermediate_tasks(cfg.intermediate, split.task)
-    prints = {t: _train_split(t, _data_dir(split)).fingerprint for t in tasks}
-    return _key(cfg, prints)
 
 
 def warm_start(cfg: TeacherConfig, split: PairData, cache_root: Path, load: Callable[[], Any],
                progress: Callable[[str], None]) -> tuple[str | None, dict[str, Any] | None]:
     """(folder, record) of the stage for a teacher of `split`'s task, trained once and then read from the
     cache; (None, None) without a stage. `load()` builds the cross-encoder of the backbone weights."""
-    if not cfg.intermediate:
+    key = stage_key(cfg, split)
+    if key is None:
         return None, None
-    tasks = intermediate_tasks(cfg.intermediate, split.task)
-    pairs, y, prints = _train_pairs(tasks, cfg.intermediate_pairs, cfg.seed, _data_dir(split))
-    folder = cache_root / "intermediate" / _key(cfg, prints)
+    folder = cache_root / "intermediate" / key
     if (folder / RECORD).is_file():
         return str(folder), json.loads((folder / RECORD).read_text())
+    splits = _splits(cfg, split)
+    pairs, y = _sample(splits, cfg.intermediate_pairs, cfg.seed)
     t0 = time.perf_counter()
     ce = load()
     curve = F.fit(ce, pairs, y, stage_config(cfg), cfg.seed, progress=lambda m: progress(f"intermediate stage: {m}"))
-    record = {"tasks": tasks, "pairs": len(pairs), "fingerprints": prints, "curve": curve,
-              "seconds": round(time.perf_counter() - t0, 1), "key": folder.name}
+    record = {"tasks": list(splits), "pairs": len(pairs), "fingerprints": {t: d.fingerprint for t, d in splits.items()},
+              "curve": curve, "seconds": round(time.perf_counter() - t0, 1), "key": key}
     tmp = folder.with_name(folder.name + ".tmp")
     shutil.rmtree(tmp, ignore_errors=True)
     ce.save_pretrained(str(tmp), safe_serialization=True)

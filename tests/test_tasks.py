@@ -1,5 +1,7 @@
 from __future__ import annotations
 
+from pathlib import Path
+
 import numpy as np
 import pandas as pd
 import pytest
@@ -89,3 +91,10 @@ def test_mirror_source_without_dir(monkeypatch):
     monkeypatch.delenv("EMBED_DATA_DIR", raising=False)
     with pytest.raises(ValueError, match="source='mirror' needs data_dir"):
         load_task("stsb", "train", None, source="mirror")
+
+
+def test_a_split_knows_the_mirror_it_came_from(data_dir):
+    # qqp's mirror file is train_subset.parquet, stsb's train.parquet: both name the same folder
+    for task in ("stsb", "qqp"):
+        d = load_task(task, "train", data_dir)
+        assert d.mirror_dir() == (Path(data_dir).absolute() if data_dir is not None else None)
