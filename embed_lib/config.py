@@ -60,6 +60,16 @@ def bounded(default: Any, low: float, high: float, *, low_open: bool = False, al
     return dataclasses.field(default=default, metadata={"bounds": Bounds(low, high, low_open, allow_none)})
 
 
+def unit_interval(default: float) -> Any:
+    """A field whose values lie in [0, 1] (a weight, a fraction, an exponent of the normalisation)."""
+    return bounded(default, 0.0, 1.0)
+
+
+def learning_rate(default: float) -> Any:
+    """An optimiser's peak learning rate: positive, at most 1 (the adapters and the teacher share the rule)."""
+    return bounded(default, 0.0, 1.0, low_open=True)
+
+
 def check_bounds(config: Any) -> None:
     """Raise a ValueError naming the first field of `config` outside its declared bounds."""
     for f in dataclasses.fields(config):
@@ -173,11 +183,11 @@ class AdapterConfig:
     #: [S] difficulty target supervising the gate / complexity: none | surface | lexical | ce_margin
     target: str = "ce_margin"
     #: [S] bound on how far a pair moves from the anchor (pair forms) / mixing weight (preserving form)
-    gamma: float = bounded(0.1, 0.0, 1.0)
+    gamma: float = unit_interval(0.1)
     #: [S] amplitude of the per-sentence scaling: alpha in 1 +- alpha0
-    alpha0: float = bounded(0.5, 0.0, 1.0)
+    alpha0: float = unit_interval(0.5)
     #: [S] normalisation exponent p of s_p (1 = cosine, 0 = dot product); the initial value when learned
-    p: float = bounded(1.0, 0.0, 1.0)
+    p: float = unit_interval(1.0)
     #: [S] learn p = sigmoid(p_hat) (tied for both sides: the tasks are symmetric)
     learn_p: bool = False
     #: [S] temperature of the task loss
@@ -201,9 +211,9 @@ class AdapterConfig:
     #: leave-one-out familiarity, opening linearly up to the (q + 0.25)-quantile
     novelty_quantile: float = bounded(0.0, 0.0, 0.7)
     #: [N] learning rate (AdamW)
-    lr: float = bounded(1e-3, 0.0, 1.0, low_open=True)
+    lr: float = learning_rate(1e-3)
     #: [N] AdamW weight decay
-    weight_decay: float = bounded(0.01, 0.0, 1.0)
+    weight_decay: float = unit_interval(0.01)
     #: [N] working width k of h = LayerNorm(W x + b) of the pair forms (per-sentence forms work in the
     #: embedding's own dimension)
     width: int = bounded(128, 1, 4096)

@@ -34,7 +34,7 @@ from typing import Any, Callable, Mapping
 import numpy as np
 import torch
 
-from embed_lib.config import bounded, check_bounds, default_cache_dir
+from embed_lib.config import bounded, check_bounds, default_cache_dir, learning_rate, unit_interval
 from embed_lib import teacher_fit as F
 from embed_lib.encoders import resolve_model
 from embed_lib.tasks import PairData
@@ -60,11 +60,11 @@ class TeacherConfig:
     #: fraction of each fold's training part held out for early stopping (0: train on all, keep the last epoch)
     early_stopping_fraction: float = bounded(0.1, 0.0, 0.5)
     #: peak learning rate; 5e-5 with warmup and decay (2e-5 for one epoch leaves MiniLM below the cosine)
-    lr: float = bounded(5e-5, 0.0, 1.0, low_open=True)
+    lr: float = learning_rate(5e-5)
     #: fraction of the steps spent warming the learning rate up (linear), before its linear decay to 0
-    warmup: float = bounded(0.1, 0.0, 1.0)
+    warmup: float = unit_interval(0.1)
     #: AdamW weight decay (never on norms and biases)
-    weight_decay: float = bounded(0.01, 0.0, 1.0)
+    weight_decay: float = unit_interval(0.01)
     #: gradient-norm clip
     grad_clip: float = bounded(1.0, 0.0, 1e6, low_open=True)
     #: pairs per step
