@@ -10,7 +10,7 @@ the teacher as the app's cross-encoder, closed-loop load of 32-pair requests at 
 sentences, per budget, and the cross-encoder alone for reference.
 
     python benchmarks/cascade_frontier.py [--tasks stsb,qqp] [--seconds 6] [--backend torch|onnx-int8]
-                                          [--direct-ingress] [--compare-coalescing [--rounds 3]]
+                                          [--direct-ingress]
 
 -> results/benchmarks/cascade_frontier[_<backend>][_direct_ingress].json (per task and policy: [{budget, spearman, spearman_std,
 pairs_per_s}]), results/benchmarks/cascade_frontier.png (quality against pairs/s, one line per policy),
@@ -122,8 +122,7 @@ class CascadeBodies(Bodies):
 
 
 def _throughput(task: str, model_uri: str, tracking: str, ce_dir: str, backend: str, seconds: float,
-                port: int, direct_ingress: bool = False, coalesce: bool = True,
-                budgets: tuple[float, ...] = BUDGETS) -> dict:
+                port: int, direct_ingress: bool = False) -> dict:
     import requests
     from ray import serve
 
@@ -133,8 +132,7 @@ def _throughput(task: str, model_uri: str, tracking: str, ce_dir: str, backend: 
     sentences = load_task(task, "test").texts()[:2000]
     serve.run(build_app({"model_uri": model_uri, "tracking_uri": tracking, "cross_encoder": ce_dir,
                          "cross_encoder_backend": backend, "encoder": {"min": 1, "max": 1, "num_cpus": 0.5},
-                         "ingress": {"min": 1, "max": 1, "num_cpus": 0.5}, "max_inflight": 256, "max_pairs": 64,
-                         "cascade_coalesce": coalesce}),
+                         "ingress": {"min": 1, "max": 1, "num_cpus": 0.5}, "max_inflight": 256, "max_pairs": 64}),
               name=f"frontier-{task}", route_prefix="/")
     if direct_ingress:
         port = direct_ingress_port(f"frontier-{task}")
@@ -142,34 +140,13 @@ def _throughput(task: str, model_uri: str, tracking: str, ce_dir: str, backend: 
         requests.post(f"http://127.0.0.1:{port}/v1/warm", json={"texts": sentences[i: i + 1000]}, timeout=600)
     url = f"http://127.0.0.1:{port}/v1/score"
     rows = {}
-    for b in budgets:
+    for b in BUDGETS:
         rows[b] = run_load(url, CascadeBodies(sentences, b), 8, seconds)
-        print(task, "budget", b, "coalesced" if coalesce else "one call per request", rows[b], flush=True)
+        print(task, "budget", b, rows[b], flush=True)
     ce = run_load(url, CascadeBodies(sentences, None, "cross_encoder"), 8, seconds)
     print(task, "cross-encoder alone", ce, flush=True)
     serve.delete(f"frontier-{task}")
     return {"by_budget": rows, "cross_encoder": ce}
-
-
-def _coalescing_ab(task: str, uri: str, tracking: str, ce_dir: str, args, port: int) -> dict:
-    """The cascade's pairs/s with the routed pairs of concurrent requests in one cross-encoder call (the
-    default) and with one call per request, alternating `args.rounds` times on the same cluster: per setting
-    and budget the median over rounds of pairs/s and of its ratio to the cross-encoder alone (same round)."""
-    budgets = (0.05, 0.1, 0.2)
-    runs: dict[str, list] = {"coalesced": [], "per_request": []}
-    for _ in range(args.rounds):
-        for name, on in (("per_request", False), ("coalesced", True)):
-            runs[name].append(_throughput(task, uri, tracking, ce_dir, args.backend, args.seconds, port,
-                                          args.direct_ingress, on, budgets))
-    out = {}
-    for name, rs in runs.items():
-        out[name] = {str(b): {"pairs_per_s": float(np.median([r["by_budget"][b]["pairs_per_s"] for r in rs])),
-                              "over_cross_encoder": float(np.median([r["by_budget"][b]["pairs_per_s"]
-                                                                     / r["cross_encoder"]["pairs_per_s"] for r in rs])),
-                              "runs_pairs_per_s": [round(r["by_budget"][b]["pairs_per_s"], 1) for r in rs]}
-                     for b in budgets}
-        out[name]["cross_encoder_alone_runs"] = [round(r["cross_encoder"]["pairs_per_s"], 1) for r in rs]
-    return {"rounds": args.rounds, "order": "per_request then coalesced, each round", **out}
 
 
 def _plot(results: dict, path) -> None:
@@ -205,11 +182,6 @@ def main() -> None:
     ap.add_argument("--backend", default="torch", help="the served cross-encoder's backend (torch, onnx, onnx-int8)")
     ap.add_argument("--teacher-preset", default="light", help="the teacher recipe (default light, as make run)")
     ap.add_argument("--no-serve", action="store_true", help="quality only (no throughput through Serve)")
-    ap.add_argument("--compare-coalescing", action="store_true",
-                    help="also measure b = 0.05, 0.1, 0.2 with the routed pairs of concurrent requests in one "
-                         "cross-encoder call (the service's default) against one call per request, alternating "
-                         "--rounds times (results under 'coalescing' per task)")
-    ap.add_argument("--rounds", type=int, default=3, help="rounds of --compare-coalescing (default 3)")
     ap.add_argument("--direct-ingress", action="store_true",
                     help="Ray Serve's direct ingress: the load goes to the ingress replica's own HTTP port (no proxy "
                          "hop), as in serve_bench.py --direct-ingress")
@@ -238,14 +210,11 @@ def main() -> None:
                     p["pairs_per_s"] = round(t["by_budget"][p["budget"]]["pairs_per_s"], 1)
             r["cross_encoder_pairs_per_s"] = round(t["cross_encoder"]["pairs_per_s"], 1)
             r["p99_ms_by_budget"] = {str(b): t["by_budget"][b]["p99_ms"] for b in BUDGETS}
-            if args.compare_coalescing:
-                r["coalescing"] = _coalescing_ab(task, uri, tracking, r["served_teacher_dir"], args, port)
         serve.shutdown()
         ray.shutdown()
     summary = _summarise(results, args)
     out = write_results("cascade_frontier" + ("" if args.backend == "torch" else f"_{args.backend}")
-                        + ("_direct_ingress" if args.direct_ingress else "")
-                        + ("_coalescing" if args.compare_coalescing else ""), summary)
+                        + ("_direct_ingress" if args.direct_ingress else ""), summary)
     if not args.no_serve:
         png = out.with_suffix(".png")
         _plot(results, png)

@@ -30,12 +30,12 @@ from ray import serve
 
 from serving.api import ERRORS, api, found_job, json_response
 from serving.args import AppArgs, deployment_options
-from serving.deployments import (BATCHES_IN_FLIGHT, SHUTDOWN_POLL_S, CrossEncoderScorer, EncodeError, Encoder,
-                                 WarmJobs, corpus_texts, set_threads)
+from serving.deployments import (SHUTDOWN_POLL_S, CrossEncoderScorer, EncodeError, Encoder, WarmJobs, corpus_texts,
+                                 set_threads)
 from serving.errors import ApiError, error_responses
 from serving.schemas import (RerankRequest, RerankResponse, ScoreRequest, ScoreResponse, TeiRank, TeiRerankRequest,
                              WarmJob, WarmRequest, check_texts)
-from serving.scorer import Coalescer, PairScorer, RoutingError, cascade_scores
+from serving.scorer import PairScorer, RoutingError, cascade_scores
 
 log = logging.getLogger("ray.serve")  # Serve's logger: lines land in the replica's log, tagged with the replica
 
@@ -53,9 +53,6 @@ class Ingress:
         self._warm_task: asyncio.Task | None = None
         self.manifest = None
         self._ce_info: dict[str, Any] | None = None
-        # the routed pairs of concurrent cascade requests go to the cross-encoder in one call (see Coalescer)
-        self.routed = (Coalescer(lambda items: cross_encoder.score_many.remote(items), BATCHES_IN_FLIGHT)
-                       if cross_encoder is not None and self.args.cascade_coalesce else None)
         self.scorer = PairScorer(cache_size=self.args.cache_size, projection_cache_size=self.args.projection_cache_size)
 
     def reconfigure(self, user_config: dict[str, Any]) -> None:
@@ -150,8 +147,7 @@ class Ingress:
         if cascade:
             middle = (await self._cross_encoder_info())["middle"]
             try:
-                scores, routed = await cascade_scores(pairs, out, cascade, middle,
-                                                      self.routed or self.cross_encoder.score.remote)
+                scores, routed = await cascade_scores(pairs, out, cascade, middle, self.cross_encoder.score.remote)
             except RoutingError as exc:
                 raise ApiError(422, str(exc), "routing") from None
             info = {**{k: v for k, v in cascade.items() if k != "seed"}, "routed": int(len(routed)),

@@ -46,8 +46,6 @@ class AppArgs(BaseModel):
         "torch", description="inference backend of the cross-encoder (onnx-int8: ~2x faster on CPU)")
     cascade_budget: float = Field(0.1, ge=0, le=1, description="default fraction of a cascade request's pairs sent to "
                                   "the cross-encoder (a request may set its own `budget`)")
-    cascade_coalesce: bool = Field(True, description="send the routed pairs of concurrent cascade requests to the "
-                                   "cross-encoder in one call (fewer calls under load, no added wait when idle)")
     encoder: Replicas = Replicas(min=1, max=2, num_cpus=0.5)
     ingress: Replicas = Replicas(min=1, max=2, num_cpus=0.5)
 

@@ -196,11 +196,6 @@ class CrossEncoderScorer:
             raise out
         return out
 
-    async def score_many(self, requests: list[list[tuple[str, str]]]) -> list[np.ndarray | Exception]:
-        """One result per request, the exception of a request that failed alone in its place: several cascade
-        requests' routed pairs in one call (serving.scorer.Coalescer), scored in this replica's batches."""
-        return list(await asyncio.gather(*(self._score_batch(list(r)) for r in requests)))
-
 
 @serve.deployment(num_replicas=1, ray_actor_options={"num_cpus": 0.05},
                   graceful_shutdown_wait_loop_s=SHUTDOWN_POLL_S)

@@ -7,7 +7,6 @@ encoder deployment) and hands them over; tests drive it with any vector source.
 """
 from __future__ import annotations
 
-import asyncio
 from collections import OrderedDict
 from typing import Any, Awaitable, Callable, Sequence
 
@@ -145,72 +144,9 @@ async def cascade_scores(pairs: Sequence[tuple[str, str]], out: dict[str, np.nda
     try:
         routed = route(cascade["budget"], cascade["routing"], difficulty=out["difficulty"], baseline=out["baseline"],
                        middle=middle, seed=cascade["seed"])
-    except ValueError as exc:  # the request's routing, not the cross-encoder's failure
+    except ValueError as exc:  # the request's routing, not a failure of the cross-encoder
         raise RoutingError(str(exc)) from None
     scores = out["score"].astype(np.float64)
     if len(routed):
         scores = mix(scores, await cross_encoder([pairs[i] for i in routed]), routed, cascade.get("combine", "replace"))
     return scores, routed
-
-
-class Coalescer:
-    """Natural batching of calls to another deployment: `await coalescer(item)` -> that item's result.
-
-    A cascade sends the cross-encoder a few pairs per request (about 3 of 32 at budget 0.1), and one
-    deployment call per request costs about as much CPU (serialisation, the handle's routing, the call
-    itself) as the cross-encoder spends on those pairs. Here at most `max_in_flight` calls run at once;
-    items that arrive meanwhile wait and go together, up to `max_items`, in the next call, as soon as one
-    returns. An idle service adds no wait (unlike a batch timeout); a loaded one makes fewer calls.
-    `call_many(items)` returns one result per item, an exception in place of an item that failed alone
-    (CrossEncoderScorer.score_many), so one request's bad input fails only that request.
-    """
-
-    def __init__(self, call_many: Callable[[list], Awaitable[list]], max_in_flight: int = 2,
-                 max_items: int = 32) -> None:
-        if max_in_flight < 1 or max_items < 1:
-            raise ValueError(f"Coalescer needs max_in_flight >= 1 and max_items >= 1; got {max_in_flight}, "
-                             f"{max_items}.")
-        self.call_many, self.max_in_flight, self.max_items = call_many, max_in_flight, max_items
-        self.waiting: list[tuple[Any, asyncio.Future]] = []
-        self.in_flight = 0
-        self.tasks: set[asyncio.Task] = set()  # the loop keeps only weak references to tasks
-        self.calls = 0  # calls made (items / calls: how much was merged)
-        self.items = 0
-
-    async def __call__(self, item: Any) -> Any:
-        future = asyncio.get_running_loop().create_future()
-        self.waiting.append((item, future))
-        self._dispatch()
-        return await future
-
-    def _dispatch(self) -> None:
-        while self.waiting and self.in_flight < self.max_in_flight:
-            batch, self.waiting = self.waiting[: self.max_items], self.waiting[self.max_items:]
-            batch = [(item, f) for item, f in batch if not f.done()]  # a timed-out caller's item is dropped
-            if batch:
-                self.in_flight += 1
-                task = asyncio.ensure_future(self._run(batch))
-                self.tasks.add(task)
-                task.add_done_callback(self.tasks.discard)
-
-    async def _run(self, batch: list[tuple[Any, asyncio.Future]]) -> None:
-        self.calls, self.items = self.calls + 1, self.items + len(batch)
-        try:
-            results = await self.call_many([item for item, _ in batch])
-            if len(results) != len(batch):
-                raise RuntimeError(f"call_many returned {len(results)} results for {len(batch)} items.")
-        except asyncio.CancelledError:  # the replica is stopping: so are its callers
-            for _, future in batch:
-                future.cancel()
-            raise
-        except Exception as exc:  # noqa: BLE001 -- the whole call failed: every caller in it gets the error
-            results = [exc] * len(batch)
-        finally:
-            self.in_flight -= 1
-        for (_, future), result in zip(batch, results):
-            if not future.done():
-                if isinstance(result, BaseException):
-                    future.set_exception(result)
-                else:
-                    future.set_result(result)
-        self._dispatch()
