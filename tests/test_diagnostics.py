@@ -29,3 +29,25 @@ def test_length_collapse_buckets_and_tau_columns():
     rows = length_collapse(texts, vecs, pairs_per_bucket=200)
     assert [r["bucket"] for r in rows] == ["1-8", "17-32"]
     assert rows[0]["n_sentences"] == 3 and rows[0]["tau_attn=1.0"] == pytest.approx(0.99, abs=0.02)
+
+
+def test_error_floor_null_matches_its_spearman_and_sits_below_shared_errors():
+    """benchmarks/error_floor.py: the simulated scorers have the Spearman asked for, and two scorers that share
+    half their noise have a far higher rank-error correlation than the independent-errors null."""
+    import numpy as np
+
+    from benchmarks.error_floor import _noise_for, independent_null
+    from embed_lib.metrics import spearman
+    from embed_lib.signals import rank_normalise
+    from embed_lib.teacher import error_correlation
+
+    rng = np.random.default_rng(0)
+    y = rng.uniform(0, 5, 2000)
+    ry = rank_normalise(y).astype(np.float64)
+    sigma = _noise_for(0.82, ry, np.random.default_rng(1))
+    assert abs(spearman(ry + sigma * np.random.default_rng(1).standard_normal(len(ry)), y) - 0.82) < 0.005
+    shared = rng.standard_normal(len(y)) * sigma * 0.7
+    a = ry + shared + rng.standard_normal(len(y)) * sigma * 0.7
+    b = ry + shared + rng.standard_normal(len(y)) * sigma * 0.7
+    null = independent_null(spearman(a, y), spearman(b, y), y, draws=5)
+    assert 0.0 < null < 0.2 < 0.4 < error_correlation(a, b, y)
