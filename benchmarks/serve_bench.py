@@ -143,6 +143,9 @@ def _parse_args():
                     help="Ray Serve's direct ingress (RAY_SERVE_ENABLE_DIRECT_INGRESS=1): the ingress replica serves "
                          "HTTP on a port of its own and the load goes there (no proxy hop), as a load balancer "
                          "in front of the replicas would")
+    ap.add_argument("--ingress-replicas", type=int, default=1,
+                    help="ingress replicas (default 1; serving/config.yaml lets Serve scale to 2): each holds the "
+                         "adapter and its near cache, warmed from the corpus at start")
     ap.add_argument("--encoder-backend", default="torch", choices=("torch", "onnx", "onnx-int8"),
                     help="the encoder's backend: the adapter is trained on that backend's vectors and the service "
                          "encodes with it (cold requests)")
@@ -189,7 +192,7 @@ def _in_process(dim: int, sentences: list[str], cross_encoder: str) -> tuple[flo
 
 
 def _serve(tmp: str, tracking: str, sentences: list[str], cross_encoder: str, direct_ingress: bool,
-           cross_encoder_backend: str = "torch", max_pairs: int = 64) -> int:
+           cross_encoder_backend: str = "torch", max_pairs: int = 64, ingress_replicas: int = 1) -> int:
     """The service on a Ray of its own, caches warm; returns the port the load goes to."""
     import requests
     from ray import serve
@@ -201,11 +204,13 @@ def _serve(tmp: str, tracking: str, sentences: list[str], cross_encoder: str, di
     corpus = os.path.join(tmp, "corpus.txt")
     with open(corpus, "w") as fh:
         fh.write("\n".join(sentences))
-    # one replica each: on a small node a second replica only adds contention (and starts with a cold cache)
+    # one encoder replica; the ingress replicas as asked, sharing the ingress's half CPU so they fit the node
+    # beside the encoder and the cross-encoder (each warms its near cache from the corpus at start)
+    n = ingress_replicas
     serve.run(build_app({"model_uri": "models:/pair-residual-stsb@champion", "tracking_uri": tracking,
                          "cross_encoder": cross_encoder, "cross_encoder_backend": cross_encoder_backend,
                          "warm_corpus": corpus,
-                         "encoder": {"min": 1, "max": 1, "num_cpus": 0.5}, "ingress": {"min": 1, "max": 1, "num_cpus": 0.5},
+                         "encoder": {"min": 1, "max": 1, "num_cpus": 0.5}, "ingress": {"min": n, "max": n, "num_cpus": 0.5 / n},
                          "max_inflight": 256, "max_pairs": max_pairs}), name="bench", route_prefix="/")
     if direct_ingress:
         port = direct_ingress_port("bench")
@@ -234,7 +239,8 @@ def main() -> None:
     in_process, in_process_ce = _in_process(data.X.shape[1], sentences, cross_encoder)
     ray.init(num_cpus=2, include_dashboard=False, log_to_driver=False)
     sizes = [int(p) for p in args.pairs.split(",")]
-    port = _serve(tmp, tracking, sentences, cross_encoder, args.direct_ingress, args.cross_encoder_backend, max(sizes))
+    port = _serve(tmp, tracking, sentences, cross_encoder, args.direct_ingress, args.cross_encoder_backend, max(sizes),
+                  args.ingress_replicas)
     url = f"http://127.0.0.1:{port}/v1/score"
     cells = [(c, p) for c in ((1, 8) if args.quick else (1, 8, 32)) for p in sizes]
     runs = []
@@ -279,12 +285,14 @@ def _write(args, settings, runs, in_process: float, in_process_ce: float) -> Non
     name = "serve_bench_direct_ingress" if args.direct_ingress else "serve_bench"
     if args.encoder_backend != "torch" or args.cross_encoder_backend != "torch":
         name += f"_enc-{args.encoder_backend}_ce-{args.cross_encoder_backend}"
+    if args.ingress_replicas != 1:
+        name += f"_ingress-{args.ingress_replicas}"
     write_results(name, {
         "encoder_backend": args.encoder_backend, "cross_encoder_backend": args.cross_encoder_backend,
         "topology": "direct ingress (load to the ingress replica's own port)" if args.direct_ingress
         else "Serve HTTP proxy -> ingress replica",
         "serve_settings": {**settings, "RAY_SERVE_ENABLE_DIRECT_INGRESS": os.environ.get("RAY_SERVE_ENABLE_DIRECT_INGRESS")},
-        "seconds_per_cell": args.seconds, "runs": len(runs),
+        "seconds_per_cell": args.seconds, "runs": len(runs), "ingress_replicas": args.ingress_replicas,
         # the rows of the run with the median warm / cross-encoder ratio (every run's in rows_by_run)
         "rows": runs[sorted(range(len(runs)), key=lambda i: per_run[i]["warm_over_cross_encoder"])[len(runs) // 2]],
         "rows_by_run": runs if len(runs) > 1 else None,
