@@ -197,7 +197,9 @@ class CrossEncoderScorer:
         return out
 
 
-@serve.deployment(num_replicas=1, ray_actor_options={"num_cpus": 0.05},
+# no CPU share: it only awaits the encoder, and with one the encoder's and ingress's second replicas (0.5 each, as
+# serving/config.yaml lets them scale) would not all fit a 2-CPU node (2 x 0.5 + 2 x 0.5 + 0.05)
+@serve.deployment(num_replicas=1, ray_actor_options={"num_cpus": 0},
                   graceful_shutdown_wait_loop_s=SHUTDOWN_POLL_S)
 class WarmJobs:
     """Background warm jobs over the encoder's cache: submit, poll, cancel. Finished jobs are kept (the

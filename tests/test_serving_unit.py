@@ -391,3 +391,22 @@ def test_a_pair_file_is_a_warm_corpus(tmp_path):
     j = tmp_path / "pairs.jsonl"
     j.write_text('{"q1": "How?", "q2": "Why?", "dup": 1}\n')
     assert corpus_texts(str(j)) == ["How?", "Why?"]
+
+
+def test_the_default_config_at_its_most_replicas_fits_a_two_cpu_node():
+    """serving/config.yaml lets the encoder and the ingress scale out; at their max they and WarmJobs must fit the
+    2-CPU node the project is sized for, or Serve leaves a replica pending for ever (measured: with WarmJobs at
+    0.05 CPU the config with both at 2 replicas never became RUNNING on the local cluster)."""
+    from pathlib import Path
+
+    import yaml
+
+    from serving.args import AppArgs
+    from serving.deployments import WarmJobs
+
+    config = yaml.safe_load((Path(__file__).resolve().parents[1] / "serving" / "config.yaml").read_text())
+    args = AppArgs.model_validate(config["applications"][0]["args"])
+    assert args.cross_encoder is None  # the cascade's own config adds the cross-encoder's share
+    need = args.encoder.max * args.encoder.num_cpus + args.ingress.max * args.ingress.num_cpus
+    need += WarmJobs.ray_actor_options["num_cpus"]
+    assert args.encoder.max >= 2 and args.ingress.max >= 2 and need <= 2.0, need
