@@ -157,8 +157,11 @@ def test_a_failing_cross_encoder_is_not_reported_as_a_routing_error():
     """Only the routing's own refusals are 422s on `routing`; the cross-encoder's failure stays what it is."""
     from serving.errors import ApiError
 
+    def refuse(pairs):
+        raise ValueError("tokenizer refused a text")
+
     ce = _FakeCrossEncoder()
-    ce.score = _Handle(lambda pairs: (_ for _ in ()).throw(ValueError("tokenizer refused a text")))
+    ce.score = _Handle(refuse)
     with pytest.raises(ValueError, match="tokenizer refused") as e:
         asyncio.run(_ingress("pair_gated", ce)._score_pairs(PAIRS, cascade={"budget": 1.0, "routing": "random",
                                                                              "seed": 0}))
