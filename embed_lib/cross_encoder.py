@@ -30,6 +30,7 @@ import numpy as np
 import torch
 
 from embed_lib import teacher_fit as F
+from embed_lib.batching import SLACK, length_batches
 from embed_lib.config import check_backend, default_cache_dir
 from embed_lib.tasks import PairData
 from embed_lib.teacher import TeacherConfig, _load, _pairs, error_correlation, fit_on_rows, teacher_key
@@ -110,13 +111,13 @@ class PairCrossEncoder:
     id / path, through torch or ONNX Runtime (`backend`: torch, onnx, onnx-int8)."""
 
     def __init__(self, path: str | Path, backend: str = "torch", cache_root: str | Path | None = None,
-                 threads: int | None = None, batch_size: int = 32) -> None:
+                 threads: int | None = None, batch_size: int = 32, slack: float = SLACK) -> None:
         from sentence_transformers import CrossEncoder
 
         from embed_lib.encoders import resolve_model
 
         check_backend(backend, "cross_encoder_backend")
-        self.path, self.backend, self.batch_size = str(path), backend, batch_size
+        self.path, self.backend, self.batch_size, self.slack = str(path), backend, batch_size, slack
         record_file = Path(path) / RECORD
         self.record = json.loads(record_file.read_text()) if record_file.is_file() else {}
         self.calibration = self.record.get("calibration")
@@ -138,13 +139,17 @@ class PairCrossEncoder:
     @torch.inference_mode()
     def _logits_one_order(self, pairs: list[list[str]]) -> np.ndarray:
         out = np.empty(len(pairs), dtype=np.float32)
-        order = np.argsort([-(len(a) + len(b)) for a, b in pairs], kind="stable")
-        for s in range(0, len(pairs), self.batch_size):
-            idx = order[s: s + self.batch_size]
+        for idx in length_batches(self.token_lengths(pairs), self.batch_size, self.slack):
             features = self.ce.preprocess([pairs[i] for i in idx])
             out[idx] = (self.runner.run(features) if self.runner is not None
                         else F.logits(self.ce, [pairs[i] for i in idx]).float().numpy())
         return out
+
+    def token_lengths(self, pairs: Sequence[Sequence[str]]) -> list[int]:
+        """Tokens of each pair as the model reads it (both texts, special tokens, truncation)."""
+        ids = self.ce.tokenizer([a for a, _ in pairs], [b for _, b in pairs], truncation=True,
+                                max_length=self.ce.max_length)["input_ids"]
+        return [len(x) for x in ids]
 
     def logits(self, pairs: Sequence[Sequence[str]]) -> np.ndarray:
         """(n,) logits; the mean over both orders for a teacher trained on both."""

@@ -24,6 +24,7 @@ from typing import Any, Sequence
 import numpy as np
 import torch
 
+from embed_lib.batching import SLACK, length_batches
 from embed_lib.config import ENCODER_ALIASES, EncoderConfig, manifest_fields
 from embed_lib.progress import Progress
 
@@ -106,6 +107,7 @@ class FrozenEncoder:
         self.prompt = self._resolve_prompt()
         self._fingerprint: str | None = None
         self._onnx = None
+        self.slack = SLACK  # embed_lib.batching
         if self.config.backend != "torch":
             from embed_lib.config import default_cache_dir
             from embed_lib.onnx_backend import encoder_runner
@@ -198,19 +200,22 @@ class FrozenEncoder:
         out = np.empty((n, self.dim), dtype=np.float32)
         if n == 0:
             return out
-        # longest first: equal-length batches waste little on padding, and memory peaks at once
-        order = np.argsort([-len(t) for t in texts], kind="stable")
         bs = self.config.batch_size
         show = n > 4 * bs if show_progress is None else show_progress
         progress = Progress(n, f"encode {self.config.model}") if show else None
-        for start in range(0, n, bs):
-            idx = order[start: start + bs]
+        # longest first, in batches of similar length (embed_lib.batching): little padding, memory peaks at once
+        for idx in length_batches(self.token_lengths(texts), bs, self.slack):
             out[idx] = self._forward(self.model.preprocess([texts[i] for i in idx], prompt=self.prompt), backend)
             if progress is not None:
                 progress.update(len(idx))
         if progress is not None:
             progress.close()
         return out
+
+    def token_lengths(self, texts: Sequence[str]) -> list[int]:
+        """Tokens of each text as the encoder reads it (special tokens, truncation; without a prompt)."""
+        ids = self.model.tokenizer(list(texts), truncation=True, max_length=self.max_seq_length)["input_ids"]
+        return [len(x) for x in ids]
 
     def encode_torch(self, texts: Sequence[str]) -> np.ndarray:
         """The torch path's vectors whatever the backend (the reference an ONNX graph is checked against)."""
