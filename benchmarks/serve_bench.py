@@ -5,14 +5,17 @@ registers a small STS-B adapter in a temporary MLflow store, and measures pairs/
 concurrency 1, 8, 32 with 1, 32 and 128 pairs per request (128: a top-100 re-ranking request) for (a) the
 adapter with a warm embedding cache, (b) cold (every sentence new: the corpus sentences' words in a new
 seeded order, same lengths; encoding needed), (c) a cross-encoder served the same way; plus the adapter and
-the cross-encoder called in-process, one thread each (no Serve).
+the cross-encoder called in-process, one thread each (no Serve); and the cascade at b = 0.1 (routed by the
+gate's difficulty) at c=8 x 32 pairs against the cross-encoder alone in that cell.
 Targets on 2 cores: warm adapter >= 40x the cross-encoder's pairs/s; p99 <= 100 ms at c=8, 32 pairs.
 `--runs 3` measures every cell three times on the same service; the headline figures are then the
 median over the runs, with each run's and their min / max.
 
-Topologies: through Serve's HTTP proxy (default), or `--direct-ingress`: Ray Serve's direct ingress, where
-the ingress replica serves HTTP on its own port (what a load balancer in front of the replicas reaches;
-no proxy hop) and the load goes to that port.
+Topologies: through Serve's HTTP proxy (default); `--haproxy`: Ray Serve's HAProxy ingress
+(RAY_SERVE_ENABLE_HA_PROXY=1): HAProxy, a load balancer written in C, answers on the Serve port in place of
+the Python proxy and forwards each request to an ingress replica's own HTTP port; or `--direct-ingress`: the
+load goes straight to the ingress replica's own port (what a load balancer of your own in front of the
+replicas reaches; no hop at all).
 """
 from __future__ import annotations
 
@@ -27,6 +30,10 @@ import time
 import zlib
 
 from benchmarks._common import write_results
+
+
+#: the cascade cell's cross-encoder budget (the issue's target: >= 8x the cross-encoder's pairs/s at b = 0.1)
+CASCADE_BUDGET = 0.1
 
 
 def _load(url: str, body_fn, concurrency: int, seconds: float, out: mp.Queue) -> None:
@@ -74,15 +81,20 @@ def _load(url: str, body_fn, concurrency: int, seconds: float, out: mp.Queue) ->
 class Bodies:
     """Picklable request factories (the load runs in another process)."""
 
-    def __init__(self, kind: str, sentences: list[str], n_pairs: int, scorer: str = "adapter", salt: str = "") -> None:
+    def __init__(self, kind: str, sentences: list[str], n_pairs: int, scorer: str = "adapter", salt: str = "",
+                 budget: float | None = None) -> None:
         self.kind, self.sentences, self.n, self.scorer, self.salt = kind, sentences, n_pairs, scorer, salt
+        self.budget = budget
 
     def __call__(self, k: int, i: int):
         m, pairs = len(self.sentences), []
         for j in range(self.n):  # cold: sentences never seen before (the encoder must run)
             a, b = self.sentences[(k * 97 + i * 31 + j) % m], self.sentences[(k * 13 + i * 7 + j + 1) % m]
             pairs.append([self._new(a, f"{k}-{i}-{j}a"), self._new(b, f"{k}-{i}-{j}b")] if self.kind == "cold" else [a, b])
-        return {"pairs": pairs, "scorer": self.scorer}, self.n
+        body = {"pairs": pairs, "scorer": self.scorer}
+        if self.budget is not None:  # a cascade: routing_seed varies per request, so the budget's rounding averages out
+            body.update(budget=self.budget, routing="difficulty", routing_seed=i)
+        return body, self.n
 
     def _new(self, sentence: str, key: str) -> str:
         """The sentence's words in an order seeded by (salt, key): a text the service has not seen, of the same
@@ -143,6 +155,9 @@ def _parse_args():
                     help="Ray Serve's direct ingress (RAY_SERVE_ENABLE_DIRECT_INGRESS=1): the ingress replica serves "
                          "HTTP on a port of its own and the load goes there (no proxy hop), as a load balancer "
                          "in front of the replicas would")
+    ap.add_argument("--haproxy", action="store_true",
+                    help="Ray Serve's HAProxy ingress (RAY_SERVE_ENABLE_HA_PROXY=1): HAProxy answers on the Serve "
+                         "port and forwards to the ingress replicas' own ports; the load goes to the Serve port")
     ap.add_argument("--ingress-replicas", type=int, default=1,
                     help="ingress replicas (default 1; serving/config.yaml lets Serve scale to 2): each holds the "
                          "adapter and its near cache, warmed from the corpus at start")
@@ -223,8 +238,12 @@ def main() -> None:
     args = _parse_args()
     from serving.serve_env import apply_serve_env
 
+    if args.direct_ingress and args.haproxy:
+        raise SystemExit("--direct-ingress and --haproxy are two topologies: choose one")
     if args.direct_ingress:
         os.environ["RAY_SERVE_ENABLE_DIRECT_INGRESS"] = "1"
+    if args.haproxy:
+        os.environ["RAY_SERVE_ENABLE_HA_PROXY"] = "1"
     settings = apply_serve_env()  # before ray.init: the local cluster's processes inherit them
     import ray
     from ray import serve
@@ -253,6 +272,12 @@ def main() -> None:
                        **{k: (round(v, 2) if isinstance(v, float) else v) for k, v in res.items()}}
                 rows.append(row)
                 print(json.dumps({"run": run, **row}))
+        # the cascade at b = 0.1 (routed by the gate's difficulty), in the cell of the issue's target
+        res = run_load(url, Bodies("warm", sentences, 32, salt=f"r{run} ", budget=CASCADE_BUDGET), 8, args.seconds)
+        row = {"path": f"cascade b={CASCADE_BUDGET}", "concurrency": 8, "pairs_per_request": 32,
+               **{k: (round(v, 2) if isinstance(v, float) else v) for k, v in res.items()}}
+        rows.append(row)
+        print(json.dumps({"run": run, **row}))
         runs.append(rows)
     serve.shutdown()
     ray.shutdown()
@@ -271,18 +296,22 @@ def _figures(rows) -> dict:
 
     warm, ce = best("warm adapter"), best("warm cross_encoder")
     cold, ce8, warm8 = cell("cold adapter"), cell("warm cross_encoder"), cell("warm adapter")
+    cascade = cell(f"cascade b={CASCADE_BUDGET}")
     return {"best_warm_adapter_pairs_per_s": warm, "best_cross_encoder_pairs_per_s": ce,
             "warm_over_cross_encoder": round(warm / ce, 1),
             "warm_over_cross_encoder_up_to_32_pairs": round(best("warm adapter", 32) / best("warm cross_encoder", 32), 1),
             "cold_c8_32pairs_over_cross_encoder_c8_32pairs": cold and ce8 and round(cold["pairs_per_s"] / ce8["pairs_per_s"], 2),
-            "p99_ms_c8_32pairs_warm": warm8 and warm8["p99_ms"]}
+            "p99_ms_c8_32pairs_warm": warm8 and warm8["p99_ms"],
+            # the cascade against the cross-encoder alone in the same cell (c=8 x 32 pairs)
+            "cascade_c8_32pairs_over_cross_encoder_c8_32pairs": cascade and ce8 and round(
+                cascade["pairs_per_s"] / ce8["pairs_per_s"], 2)}
 
 
 def _write(args, settings, runs, in_process: float, in_process_ce: float) -> None:
     per_run = [_figures(rows) for rows in runs]
     median = {k: statistics.median(f[k] for f in per_run) for k in per_run[0] if per_run[0][k] is not None}
     spread = {k: [min(f[k] for f in per_run), max(f[k] for f in per_run)] for k in median}
-    name = "serve_bench_direct_ingress" if args.direct_ingress else "serve_bench"
+    name = "serve_bench" + ("_direct_ingress" if args.direct_ingress else "_haproxy" if args.haproxy else "")
     if args.encoder_backend != "torch" or args.cross_encoder_backend != "torch":
         name += f"_enc-{args.encoder_backend}_ce-{args.cross_encoder_backend}"
     if args.ingress_replicas != 1:
@@ -290,8 +319,10 @@ def _write(args, settings, runs, in_process: float, in_process_ce: float) -> Non
     write_results(name, {
         "encoder_backend": args.encoder_backend, "cross_encoder_backend": args.cross_encoder_backend,
         "topology": "direct ingress (load to the ingress replica's own port)" if args.direct_ingress
+        else "Serve's HAProxy ingress -> ingress replica's own port" if args.haproxy
         else "Serve HTTP proxy -> ingress replica",
-        "serve_settings": {**settings, "RAY_SERVE_ENABLE_DIRECT_INGRESS": os.environ.get("RAY_SERVE_ENABLE_DIRECT_INGRESS")},
+        "serve_settings": {**settings, **{k: os.environ.get(k) for k in ("RAY_SERVE_ENABLE_DIRECT_INGRESS",
+                                                                          "RAY_SERVE_ENABLE_HA_PROXY")}},
         "seconds_per_cell": args.seconds, "runs": len(runs), "ingress_replicas": args.ingress_replicas,
         # the rows of the run with the median warm / cross-encoder ratio (every run's in rows_by_run)
         "rows": runs[sorted(range(len(runs)), key=lambda i: per_run[i]["warm_over_cross_encoder"])[len(runs) // 2]],
