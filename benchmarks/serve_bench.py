@@ -268,20 +268,22 @@ def main() -> None:
         for kind, scorer in (("warm", "adapter"), ("cold", "adapter"), ("warm", "cross_encoder")):
             for c, p in cells:
                 res = run_load(url, Bodies(kind, sentences, p, scorer, salt=f"r{run}c{c}p{p} "), c, args.seconds)
-                row = {"path": f"{kind} {scorer}", "concurrency": c, "pairs_per_request": p,
-                       **{k: (round(v, 2) if isinstance(v, float) else v) for k, v in res.items()}}
-                rows.append(row)
-                print(json.dumps({"run": run, **row}))
+                rows.append(_row(run, f"{kind} {scorer}", c, p, res))
         # the cascade at b = 0.1 (routed by the gate's difficulty), in the cell of the issue's target
         res = run_load(url, Bodies("warm", sentences, 32, salt=f"r{run} ", budget=CASCADE_BUDGET), 8, args.seconds)
-        row = {"path": f"cascade b={CASCADE_BUDGET}", "concurrency": 8, "pairs_per_request": 32,
-               **{k: (round(v, 2) if isinstance(v, float) else v) for k, v in res.items()}}
-        rows.append(row)
-        print(json.dumps({"run": run, **row}))
+        rows.append(_row(run, f"cascade b={CASCADE_BUDGET}", 8, 32, res))
         runs.append(rows)
     serve.shutdown()
     ray.shutdown()
     _write(args, settings, runs, in_process, in_process_ce)
+
+
+def _row(run: int, path: str, concurrency: int, pairs: int, res: dict) -> dict:
+    """One cell's row (floats rounded), printed as it is measured."""
+    row = {"path": path, "concurrency": concurrency, "pairs_per_request": pairs,
+           **{k: (round(v, 2) if isinstance(v, float) else v) for k, v in res.items()}}
+    print(json.dumps({"run": run, **row}))
+    return row
 
 
 def _figures(rows) -> dict:

@@ -16,7 +16,7 @@ from typing import Sequence
 import numpy as np
 
 #: a batch takes sequences down to 1 / (1 + SLACK) of its longest: each wastes at most SLACK / (1 + SLACK)
-#: of its tokens on padding (measured: benchmarks/backends.py, "batching")
+#: of its tokens on padding (benchmarks/batching.py measures it against fixed chunks)
 SLACK = 0.2
 
 

@@ -213,7 +213,9 @@ class FrozenEncoder:
         return out
 
     def token_lengths(self, texts: Sequence[str]) -> list[int]:
-        """Tokens of each text as the encoder reads it (special tokens, truncation; without a prompt)."""
+        """Tokens of each text as the encoder reads it (special tokens, truncation; without a prompt). A tokenizer
+        pass of its own (~1% of an encode call's time): slicing one padded pass per batch instead would break
+        tokenizers that pad on the left."""
         ids = self.model.tokenizer(list(texts), truncation=True, max_length=self.max_seq_length)["input_ids"]
         return [len(x) for x in ids]
 

@@ -62,7 +62,7 @@ def test_cross_encoder_scores_do_not_depend_on_the_batching(tmp_path):
     assert lengths[2] == max(lengths)
     one_batch = PairCrossEncoder(saved, slack=float("inf")).logits(PAIRS)
     singles = PairCrossEncoder(saved, slack=0.0, batch_size=1).logits(PAIRS)
-    assert np.std(one_batch) > 0
+    assert np.std(one_batch) > 0  # the pairs score differently: equal scores would make the comparisons below vacuous
     np.testing.assert_allclose(ce.logits(PAIRS), one_batch, atol=1e-5)
     np.testing.assert_allclose(singles, one_batch, atol=1e-5)
 
@@ -74,4 +74,5 @@ def test_encoder_vectors_do_not_depend_on_the_batching(encoder):
     got = encoder.encode(texts)
     alone = np.stack([encoder.encode([t])[0] for t in texts])
     np.testing.assert_allclose(got, alone, atol=1e-5)
-    assert len(length_batches(lengths, encoder.config.batch_size)) > 1  # mixed lengths: more than one batch
+    # the texts' mixed lengths make encode() run more than one batch, so the comparison above crossed batches
+    assert len(length_batches(lengths, encoder.config.batch_size)) > 1
