@@ -3,7 +3,8 @@
     serve run serving.app:build_app model_uri=models:/pair-residual-stsb@champion
     serve deploy serving/config.yaml
 
-Deployments (serving/deployments.py): `Encoder`, an optional `CrossEncoderScorer`, `WarmJobs`; and
+Deployments (serving/deployments.py): `Encoder`, an optional `CrossEncoderScorer` (or the same cross-encoder
+inside the ingress replica: `cross_encoder_placement`), `WarmJobs`; and
 `Ingress` here: the routes (our API, plus the request shapes of Cohere's rerank v1 / v2, vLLM's score
 and TEI's rerank, so the clients people have work unchanged), admission control, timeouts, model
 swapping, and a `PairScorer` (serving/scorer.py) that holds the adapter and its caches. The scorer lives
@@ -30,8 +31,8 @@ from ray import serve
 
 from serving.api import ERRORS, api, found_job, json_response
 from serving.args import AppArgs, deployment_options
-from serving.deployments import (SHUTDOWN_POLL_S, CrossEncoderScorer, EncodeError, Encoder, WarmJobs, corpus_texts,
-                                 set_threads)
+from serving.deployments import (CROSS_ENCODER_CPUS, SHUTDOWN_POLL_S, CrossEncoderScorer, EncodeError, Encoder,
+                                 WarmJobs, corpus_texts, cross_encoder_calls, set_threads)
 from serving.errors import ApiError, error_responses
 from serving.schemas import (RerankRequest, RerankResponse, ScoreRequest, ScoreResponse, TeiRank, TeiRerankRequest,
                              WarmJob, WarmRequest, check_texts)
@@ -44,9 +45,10 @@ log = logging.getLogger("ray.serve")  # Serve's logger: lines land in the replic
 @serve.ingress(api)
 class Ingress:
     def __init__(self, encoder, cross_encoder, warm_jobs, args: dict[str, Any], tracking_uri: str | None) -> None:
-        self.encoder, self.cross_encoder, self.warm_jobs = encoder, cross_encoder, warm_jobs
+        self.encoder, self.warm_jobs = encoder, warm_jobs
         self.args = AppArgs.model_validate(args)
         set_threads(self.args.ingress.num_cpus)
+        self.ce_score, self.ce_info = cross_encoder_calls(cross_encoder, self.args, tracking_uri)
         self.tracking_uri = tracking_uri
         self.inflight = 0
         self._pending_warm: list[str] | None = None  # corpus to fetch from the encoder (see check_health)
@@ -128,26 +130,26 @@ class Ingress:
 
     async def _cross_encoder_info(self) -> dict[str, Any]:
         if self._ce_info is None:
-            self._ce_info = await self.cross_encoder.info.remote()
+            self._ce_info = await self.ce_info()
         return self._ce_info
 
     async def _score_pairs(self, pairs: list[tuple[str, str]], scorer: str = "adapter",
                            cascade: dict[str, Any] | None = None) -> dict[str, Any]:
         """Every pair's score; `cascade` ({budget, routing, seed}) re-scores the routed pairs with the
         cross-encoder (embed_lib.cascade.route)."""
-        if (cascade or scorer == "cross_encoder") and self.cross_encoder is None:
+        if (cascade or scorer == "cross_encoder") and self.ce_score is None:
             raise ApiError(422, "cascade / budget / scorer='cross_encoder' need a cross-encoder: start the app with "
                                 "cross_encoder=<models:/cross-encoder-<task>/<version>, folder, id or path>.",
                            "cascade" if cascade else "scorer")
         if scorer == "cross_encoder":
-            ce = await self.cross_encoder.score.remote(pairs)
+            ce = await self.ce_score(pairs)
             return {"data": [{"index": i, "score": float(s), "path": "cross_encoder"} for i, s in enumerate(ce)]}
         out = await self.scorer.score(pairs, self._embed)
         scores, info, routed = out["score"].astype(np.float64), None, np.zeros(0, np.int64)
         if cascade:
             middle = (await self._cross_encoder_info())["middle"]
             try:
-                scores, routed = await cascade_scores(pairs, out, cascade, middle, self.cross_encoder.score.remote)
+                scores, routed = await cascade_scores(pairs, out, cascade, middle, self.ce_score)
             except RoutingError as exc:
                 raise ApiError(422, str(exc), "routing") from None
             info = {**{k: v for k, v in cascade.items() if k != "seed"}, "routed": int(len(routed)),
@@ -267,7 +269,7 @@ class Ingress:
         # true while the warm corpus is still on its way from the encoder into this replica (after a cold start)
         caches["near_cache"]["warming"] = bool(self._pending_warm) or bool(self._warm_task and not self._warm_task.done())
         return {"data": [{**info, "embedding_cache": await self.encoder.stats.remote(), **caches,
-                          "cross_encoder": (await self._cross_encoder_info()) if self.cross_encoder else None,
+                          "cross_encoder": (await self._cross_encoder_info()) if self.ce_score else None,
                           "cascade_budget": a.cascade_budget, "limits": {
                               "max_pairs": a.max_pairs, "max_documents": a.max_documents,
                               "max_text_chars": a.max_text_chars, "max_inflight": a.max_inflight,
@@ -291,8 +293,10 @@ def build_app(args: dict[str, Any]) -> serve.Application:
         manifest, a.cache_size, a.max_batch_size, a.batch_wait_timeout_s, a.warm_corpus, a.encoder.num_cpus,
         a.warm_corpus_columns)
     user_config = {"model_uri": a.model_uri, "pinned": pinned_uri(a.model_uri, tracking_uri), "manifest": manifest}
-    cross = (CrossEncoderScorer.options(ray_actor_options={"num_cpus": 0.5}, **bounds).bind(
-        a.cross_encoder, a.cross_encoder_backend, 0.5, tracking_uri) if a.cross_encoder else None)
+    # cross_encoder_placement='ingress': no deployment; each ingress replica loads the cross-encoder itself
+    cross = (CrossEncoderScorer.options(ray_actor_options={"num_cpus": CROSS_ENCODER_CPUS}, **bounds).bind(
+        a.cross_encoder, a.cross_encoder_backend, CROSS_ENCODER_CPUS, tracking_uri)
+        if a.cross_encoder and a.cross_encoder_placement == "deployment" else None)
     jobs = WarmJobs.bind(encoder)
     return Ingress.options(**deployment_options(a.ingress, a.access_log, user_config=user_config, **bounds)).bind(
         encoder, cross, jobs, a.model_dump(), tracking_uri)

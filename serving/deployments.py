@@ -3,9 +3,10 @@
 - `Encoder`: the frozen encoder of the model's manifest, `@serve.batch`ed across requests, with a bounded
   LRU of sentence vectors. A batch that fails is retried text by text, so a text the encoder cannot take
   fails only the request that sent it, never the other requests batched with it.
-- `CrossEncoderScorer`: a cross-encoder for `scorer="cross_encoder"` and the cascade, `@serve.batch`ed across
+- `CrossEncoderBatches`: a cross-encoder for `scorer="cross_encoder"` and the cascade, `@serve.batch`ed across
   requests as well (a cascade sends a few pairs per request: scored one request at a time, each pass would
-  cost mostly its fixed overhead), with the same per-request isolation of a failing batch.
+  cost mostly its fixed overhead), with the same per-request isolation of a failing batch; as a deployment
+  of its own (`CrossEncoderScorer`) or inside the ingress replica (`cross_encoder_placement`).
 - `WarmJobs` (one replica: it owns the job table): pre-embeds a large corpus in chunks, in the
   background, with progress, a bound on its size and cancellation.
 """
@@ -20,6 +21,7 @@ from typing import Any, Callable, Sequence
 import numpy as np
 from ray import serve
 
+from serving.args import AppArgs
 from serving.scorer import LRU
 
 log = logging.getLogger("ray.serve")
@@ -158,10 +160,16 @@ class Encoder:
         return self.cache.stats()
 
 
-@serve.deployment(graceful_shutdown_wait_loop_s=SHUTDOWN_POLL_S)
-class CrossEncoderScorer:
+#: the CPU share of the cross-encoder: its deployment's, and the threads it computes with in either placement
+CROSS_ENCODER_CPUS = 0.5
+
+
+class CrossEncoderBatches:
     """Scores pairs with a cross-encoder; a served teacher's scores are on the frozen cosine's scale (its
-    calibration), so the cascade can mix them with the adapter's."""
+    calibration), so the cascade can mix them with the adapter's. Runs inside a Serve replica (`@serve.batch`):
+    its own deployment (`CrossEncoderScorer`), or the ingress replica (cross_encoder_placement='ingress')."""
+
+    placement = "ingress"
 
     def __init__(self, model: str, backend: str, num_cpus: float, tracking_uri: str | None) -> None:
         from embed_lib.cross_encoder import PairCrossEncoder, resolve_cross_encoder
@@ -172,7 +180,7 @@ class CrossEncoderScorer:
 
     def info(self) -> dict[str, Any]:
         rec, cal = self.ce.record, self.ce.calibration
-        return {"name": self.name, "backend": self.ce.backend, "calibrated": bool(cal),
+        return {"name": self.name, "backend": self.ce.backend, "placement": self.placement, "calibrated": bool(cal),
                 "middle": cal["cosine"][len(cal["cosine"]) // 2] if cal else None,
                 **{k: rec[k] for k in ("teacher_key", "test_spearman", "validation_spearman", "recipe") if k in rec}}
 
@@ -195,6 +203,30 @@ class CrossEncoderScorer:
         if isinstance(out, Exception):
             raise out
         return out
+
+
+@serve.deployment(graceful_shutdown_wait_loop_s=SHUTDOWN_POLL_S)
+class CrossEncoderScorer(CrossEncoderBatches):
+    """The cross-encoder as a deployment of its own (cross_encoder_placement='deployment'): it scales apart
+    from the ingress and can sit on a GPU node; each call to it costs the ingress a deployment hop."""
+
+    placement = "deployment"
+
+
+def cross_encoder_calls(handle, args: AppArgs, tracking_uri: str | None):
+    """(score, info): coroutine functions of the app's cross-encoder, `score(pairs) -> (n,) scores` and
+    `info() -> dict`; through its deployment's handle, or a cross-encoder loaded in this replica
+    (cross_encoder_placement='ingress': no deployment hop); (None, None) without a cross-encoder."""
+    if handle is not None:
+        return (lambda pairs: handle.score.remote(pairs)), (lambda: handle.info.remote())
+    if args.cross_encoder is None or args.cross_encoder_placement != "ingress":
+        return None, None
+    local = CrossEncoderBatches(args.cross_encoder, args.cross_encoder_backend, CROSS_ENCODER_CPUS, tracking_uri)
+
+    async def info() -> dict[str, Any]:
+        return local.info()
+
+    return local.score, info
 
 
 # no CPU share: it only awaits the encoder, and with one the encoder's and ingress's second replicas (0.5 each, as

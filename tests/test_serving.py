@@ -290,10 +290,13 @@ def test_health_and_model_info(served):
     assert info["limits"]["max_pairs"] == 8
 
 
-def test_a_served_cross_encoder_scores_concurrent_requests_like_the_library(served, tmp_path):
-    """A second app on the same Serve with a real cross-encoder (MiniLM with a seeded head, saved as a folder):
-    concurrent requests, batched together inside its replica, each get exactly the library's scores for their
-    own pairs, whole (scorer="cross_encoder") or routed by a cascade budget, of one or two pairs, interleaved."""
+@pytest.mark.parametrize("placement", ["deployment", "ingress"])
+def test_a_served_cross_encoder_scores_concurrent_requests_like_the_library(served, tmp_path, placement):
+    """A second app on the same Serve with a real cross-encoder (MiniLM with a seeded head, saved as a folder), in
+    its own deployment or inside the ingress replica: concurrent requests, batched together, each get exactly the
+    library's scores for their own pairs, whole (scorer="cross_encoder") or routed by a cascade budget, of one or
+    two pairs, interleaved; /v1/models says where the cross-encoder runs, and Serve runs a cross-encoder
+    deployment only for that placement."""
     import torch
     from ray import serve
     from sentence_transformers import CrossEncoder
@@ -307,8 +310,13 @@ def test_a_served_cross_encoder_scores_concurrent_requests_like_the_library(serv
     CrossEncoder(resolve_model("minilm"), num_labels=1, device="cpu").save(str(folder))
     small = {"min": 1, "max": 1, "num_cpus": 0.05}
     serve.run(build_app({**served["args"], "max_inflight": 16, "cross_encoder": str(folder), "encoder": small,
-                         "ingress": small}), name="cascade", route_prefix="/cascade")
+                         "ingress": small, "cross_encoder_placement": placement}), name="cascade",
+              route_prefix="/cascade")
     try:
+        deployments = set(serve.status().applications["cascade"].deployments)
+        assert ("CrossEncoderScorer" in deployments) == (placement == "deployment"), deployments
+        (info,) = requests.get(served["url"] + "/cascade/v1/models", timeout=30).json()["data"]
+        assert info["cross_encoder"]["placement"] == placement and info["cross_encoder"]["name"] == str(folder)
         reference = PairCrossEncoder(str(folder))
         bodies = [{"pairs": [PAIRS[i % 3], PAIRS[(i + 1) % 3]][: 1 + (i // 2) % 2],
                    **({"scorer": "cross_encoder"} if i % 2 else {"budget": 1.0})} for i in range(12)]

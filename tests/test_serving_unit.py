@@ -367,7 +367,8 @@ def test_a_cold_start_warms_the_near_cache_from_the_encoder(tmp_path, encoder):
     assert not missing and found[texts[0]][0] == len(texts[0])
 
 
-@pytest.mark.parametrize("bad", [{"projection_cache_size": -1}, {"cache_size": "many"}])
+@pytest.mark.parametrize("bad", [{"projection_cache_size": -1}, {"cache_size": "many"},
+                                 {"cross_encoder_placement": "gpu"}])
 def test_app_args_reject_bad_cache_sizes(bad):
     from pydantic import ValidationError
 
@@ -375,6 +376,27 @@ def test_app_args_reject_bad_cache_sizes(bad):
 
     with pytest.raises(ValidationError, match=next(iter(bad))):
         AppArgs.model_validate(bad)
+
+
+def test_the_cross_encoder_is_called_through_its_handle_or_not_at_all():
+    """With a deployment's handle the ingress calls it; without one (no cross-encoder, or placement='deployment'
+    and no handle bound) there is nothing to call, and a cascade request is then the 422 naming `cascade`."""
+    from serving.args import AppArgs
+    from serving.deployments import cross_encoder_calls
+
+    class Handle:
+        class _Method:
+            def __init__(self, fn):
+                self.remote = fn
+
+        def __init__(self):
+            self.score = self._Method(lambda pairs: ("scored", pairs))
+            self.info = self._Method(lambda: "info")
+
+    score, info = cross_encoder_calls(Handle(), AppArgs(cross_encoder="some/ce"), None)
+    assert score([("a", "b")]) == ("scored", [("a", "b")]) and info() == "info"
+    assert cross_encoder_calls(None, AppArgs(), None) == (None, None)
+    assert cross_encoder_calls(None, AppArgs(cross_encoder="some/ce"), None) == (None, None)
 
 
 def test_a_pair_file_is_a_warm_corpus(tmp_path):
