@@ -74,9 +74,8 @@ def main() -> None:
     _register(tracking, args.encoder_backend)
     sentences = load_task("stsb", "validation").texts()[:2000]
     ray.init(num_cpus=2, include_dashboard=False, log_to_driver=False)
-    port = _serve(tmp, tracking, sentences, os.environ.get("BENCH_CROSS_ENCODER", "minilm"), args.direct_ingress,
-                  args.cross_encoder_backend, args.pairs)
-    url = f"http://127.0.0.1:{port}/v1/score"
+    url = _serve(tmp, tracking, sentences, os.environ.get("BENCH_CROSS_ENCODER", "minilm"), args.direct_ingress,
+                 args.cross_encoder_backend, args.pairs) + "/v1/score"
     runs = []
     for run in range(args.runs):
         cells = {}

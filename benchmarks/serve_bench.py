@@ -9,7 +9,13 @@ the cross-encoder called in-process, one thread each (no Serve); and the cascade
 gate's difficulty) at c=8 x 32 pairs against the cross-encoder alone in that cell.
 Targets on 2 cores: warm adapter >= 40x the cross-encoder's pairs/s; p99 <= 100 ms at c=8, 32 pairs.
 `--runs 3` measures every cell three times on the same service; the headline figures are then the
-median over the runs, with each run's and their min / max.
+median over the runs, with each run's and their min / max. `--cells c8x32` measures only the cells the
+targets name (concurrency 8, 32 pairs: warm, cold, cross-encoder alone, cascade).
+
+`--placements deployment,ingress` serves the cross-encoder both ways side by side on one Serve, one
+application each (`cross_encoder_placement`: a deployment of its own, or inside the ingress replica), and
+measures them in alternation within each run; each placement's figures are its own, and the cascade is
+also given against the fastest cross-encoder-alone cell of either placement.
 
 Topologies: through Serve's HTTP proxy (default); `--haproxy`: Ray Serve's HAProxy ingress
 (RAY_SERVE_ENABLE_HA_PROXY=1): HAProxy, a load balancer written in C, answers on the Serve port in place of
@@ -166,6 +172,11 @@ def _parse_args():
                          "encodes with it (cold requests)")
     ap.add_argument("--cross-encoder-backend", default="torch", choices=("torch", "onnx", "onnx-int8"),
                     help="the served cross-encoder's backend")
+    ap.add_argument("--placements", default="deployment",
+                    help="where the cross-encoder runs, comma-separated (deployment, ingress): each placement is an "
+                         "application of its own on the same Serve, measured in alternation (default deployment)")
+    ap.add_argument("--cells", default="all", choices=("all", "c8x32"),
+                    help="all cells (default), or only concurrency 8 with 32 pairs per request (the targets' cells)")
     return ap.parse_args()
 
 
@@ -207,8 +218,11 @@ def _in_process(dim: int, sentences: list[str], cross_encoder: str) -> tuple[flo
 
 
 def _serve(tmp: str, tracking: str, sentences: list[str], cross_encoder: str, direct_ingress: bool,
-           cross_encoder_backend: str = "torch", max_pairs: int = 64, ingress_replicas: int = 1) -> int:
-    """The service on a Ray of its own, caches warm; returns the port the load goes to."""
+           cross_encoder_backend: str = "torch", max_pairs: int = 64, ingress_replicas: int = 1,
+           placement: str = "deployment", name: str = "bench", share: float = 1.0) -> str:
+    """The service on a Ray of its own, caches warm; returns the base URL the load goes to. `share` scales the
+    replicas' CPU shares (a scheduling figure: below 1 CPU each computes on one thread either way), so that
+    two applications fit the 2-CPU node side by side."""
     import requests
     from ray import serve
 
@@ -221,17 +235,19 @@ def _serve(tmp: str, tracking: str, sentences: list[str], cross_encoder: str, di
         fh.write("\n".join(sentences))
     # one encoder replica; the ingress replicas as asked, sharing the ingress's half CPU so they fit the node
     # beside the encoder and the cross-encoder (each warms its near cache from the corpus at start)
-    n = ingress_replicas
+    n, prefix = ingress_replicas, "/" if name == "bench" else f"/{name}"
     serve.run(build_app({"model_uri": "models:/pair-residual-stsb@champion", "tracking_uri": tracking,
                          "cross_encoder": cross_encoder, "cross_encoder_backend": cross_encoder_backend,
-                         "warm_corpus": corpus,
-                         "encoder": {"min": 1, "max": 1, "num_cpus": 0.5}, "ingress": {"min": n, "max": n, "num_cpus": 0.5 / n},
-                         "max_inflight": 256, "max_pairs": max_pairs}), name="bench", route_prefix="/")
-    if direct_ingress:
-        port = direct_ingress_port("bench")
+                         "cross_encoder_placement": placement, "warm_corpus": corpus,
+                         "encoder": {"min": 1, "max": 1, "num_cpus": 0.5 * share},
+                         "ingress": {"min": n, "max": n, "num_cpus": 0.5 * share / n},
+                         "max_inflight": 256, "max_pairs": max_pairs}), name=name, route_prefix=prefix)
+    base = f"http://127.0.0.1:{port}{prefix.rstrip('/')}"
+    if direct_ingress:  # the replica's own port, under the application's route prefix as on the proxy's
+        base = f"http://127.0.0.1:{direct_ingress_port(name)}{prefix.rstrip('/')}"
     for i in range(0, len(sentences), 1000):  # the ingress replica's near cache too (max_warm_sync per call)
-        requests.post(f"http://127.0.0.1:{port}/v1/warm", json={"texts": sentences[i: i + 1000]}, timeout=600)
-    return port
+        requests.post(f"{base}/v1/warm", json={"texts": sentences[i: i + 1000]}, timeout=600)
+    return base
 
 
 def main() -> None:
@@ -258,31 +274,36 @@ def main() -> None:
     in_process, in_process_ce = _in_process(data.X.shape[1], sentences, cross_encoder)
     ray.init(num_cpus=2, include_dashboard=False, log_to_driver=False)
     sizes = [int(p) for p in args.pairs.split(",")]
-    port = _serve(tmp, tracking, sentences, cross_encoder, args.direct_ingress, args.cross_encoder_backend, max(sizes),
-                  args.ingress_replicas)
-    url = f"http://127.0.0.1:{port}/v1/score"
-    cells = [(c, p) for c in ((1, 8) if args.quick else (1, 8, 32)) for p in sizes]
+    placements = args.placements.split(",")
+    urls = {pl: _serve(tmp, tracking, sentences, cross_encoder, args.direct_ingress, args.cross_encoder_backend,
+                       max(sizes), args.ingress_replicas, pl, "bench" if len(placements) == 1 else f"ce-{pl}",
+                       1.0 / len(placements)) + "/v1/score" for pl in placements}
+    cells = ([(8, 32)] if args.cells == "c8x32" else
+             [(c, p) for c in ((1, 8) if args.quick else (1, 8, 32)) for p in sizes])
     runs = []
     for run in range(max(1, args.runs)):
         rows = []
         for kind, scorer in (("warm", "adapter"), ("cold", "adapter"), ("warm", "cross_encoder")):
             for c, p in cells:
-                res = run_load(url, Bodies(kind, sentences, p, scorer, salt=f"r{run}c{c}p{p} "), c, args.seconds)
-                rows.append(_row(run, f"{kind} {scorer}", c, p, res))
+                for pl, url in urls.items():  # alternating: the same cell of each placement, one after the other
+                    res = run_load(url, Bodies(kind, sentences, p, scorer, salt=f"r{run}c{c}p{p}{pl} "), c, args.seconds)
+                    rows.append(_row(run, f"{kind} {scorer}", c, p, res, pl))
         # the cascade at b = 0.1 (routed by the gate's difficulty), in the cell of the issue's target
-        res = run_load(url, Bodies("warm", sentences, 32, salt=f"r{run} ", budget=CASCADE_BUDGET), 8, args.seconds)
-        rows.append(_row(run, f"cascade b={CASCADE_BUDGET}", 8, 32, res))
+        for pl, url in urls.items():
+            res = run_load(url, Bodies("warm", sentences, 32, salt=f"r{run}{pl} ", budget=CASCADE_BUDGET), 8,
+                           args.seconds)
+            rows.append(_row(run, f"cascade b={CASCADE_BUDGET}", 8, 32, res, pl))
         runs.append(rows)
     serve.shutdown()
     ray.shutdown()
-    _write(args, settings, runs, in_process, in_process_ce)
+    _write(args, settings, runs, in_process, in_process_ce, placements)
 
 
-def _row(run: int, path: str, concurrency: int, pairs: int, res: dict) -> dict:
+def _row(run: int, path: str, concurrency: int, pairs: int, res: dict, placement: str = "deployment") -> dict:
     """One cell's row (floats rounded), printed as it is measured."""
-    row = {"path": path, "concurrency": concurrency, "pairs_per_request": pairs,
+    row = {"path": path, "cross_encoder_placement": placement, "concurrency": concurrency, "pairs_per_request": pairs,
            **{k: (round(v, 2) if isinstance(v, float) else v) for k, v in res.items()}}
-    print(json.dumps({"run": run, **row}))
+    print(json.dumps({"run": run, **row}), flush=True)
     return row
 
 
@@ -306,18 +327,51 @@ def _figures(rows) -> dict:
             "p99_ms_c8_32pairs_warm": warm8 and warm8["p99_ms"],
             # the cascade against the cross-encoder alone in the same cell (c=8 x 32 pairs)
             "cascade_c8_32pairs_over_cross_encoder_c8_32pairs": cascade and ce8 and round(
-                cascade["pairs_per_s"] / ce8["pairs_per_s"], 2)}
+                cascade["pairs_per_s"] / ce8["pairs_per_s"], 2),
+            # its ceiling from the same run's cells: a cascade request costs its pairs on the warm path plus a
+            # fraction b of them on the cross-encoder, so pairs/s <= 1 / (1 / warm + b / ce), i.e. the ratio to the
+            # cross-encoder <= 1 / (b + ce / warm): 8x at b = 0.1 needs the warm path at >= 40x the cross-encoder
+            "cascade_additive_bound_over_cross_encoder": cascade and ce8 and warm8 and round(
+                1 / (CASCADE_BUDGET + ce8["pairs_per_s"] / warm8["pairs_per_s"]), 2)}
 
 
-def _write(args, settings, runs, in_process: float, in_process_ce: float) -> None:
-    per_run = [_figures(rows) for rows in runs]
+def _summary(per_run: list[dict]) -> dict:
+    """The median over runs of every headline figure (one run: that run), each run's, and their min / max."""
     median = {k: statistics.median(f[k] for f in per_run) for k in per_run[0] if per_run[0][k] is not None}
     spread = {k: [min(f[k] for f in per_run), max(f[k] for f in per_run)] for k in median}
+    return {**median, "per_run": per_run, "min_max_over_runs": spread}
+
+
+def _by_placement(runs, placements: list[str]) -> dict:
+    """Each placement's figures; and, per run, each placement's cascade against the faster of the placements'
+    cross-encoder-alone cells (the fastest cross-encoder path the service has)."""
+    out = {pl: _summary([_figures([r for r in rows if r["cross_encoder_placement"] == pl]) for rows in runs])
+           for pl in placements}
+    key = f"cascade b={CASCADE_BUDGET}"
+    for pl in placements:
+        ratios = []
+        for rows in runs:
+            c8 = {(r["path"], r["cross_encoder_placement"]): r["pairs_per_s"] for r in rows
+                  if r["concurrency"] == 8 and r["pairs_per_request"] == 32}
+            ratios.append(round(c8[(key, pl)] / max(c8[("warm cross_encoder", q)] for q in placements), 2))
+        out[pl]["cascade_c8_32pairs_over_fastest_cross_encoder_c8_32pairs"] = {
+            "median": statistics.median(ratios), "per_run": ratios}
+    return out
+
+
+def _write(args, settings, runs, in_process: float, in_process_ce: float, placements: list[str]) -> None:
     name = "serve_bench" + ("_direct_ingress" if args.direct_ingress else "_haproxy" if args.haproxy else "")
     if args.encoder_backend != "torch" or args.cross_encoder_backend != "torch":
         name += f"_enc-{args.encoder_backend}_ce-{args.cross_encoder_backend}"
     if args.ingress_replicas != 1:
         name += f"_ingress-{args.ingress_replicas}"
+    if placements != ["deployment"]:
+        name += "_ce-in-" + "-".join(placements)
+    if args.cells != "all":
+        name += f"_{args.cells}"
+    head = placements[0]
+    per_run = [_figures([r for r in rows if r["cross_encoder_placement"] == head]) for rows in runs]
+    summary = _summary(per_run)
     write_results(name, {
         "encoder_backend": args.encoder_backend, "cross_encoder_backend": args.cross_encoder_backend,
         "topology": "direct ingress (load to the ingress replica's own port)" if args.direct_ingress
@@ -326,16 +380,17 @@ def _write(args, settings, runs, in_process: float, in_process_ce: float) -> Non
         "serve_settings": {**settings, **{k: os.environ.get(k) for k in ("RAY_SERVE_ENABLE_DIRECT_INGRESS",
                                                                           "RAY_SERVE_ENABLE_HA_PROXY")}},
         "seconds_per_cell": args.seconds, "runs": len(runs), "ingress_replicas": args.ingress_replicas,
+        "cells": args.cells, "cross_encoder_placements": placements,
         # the rows of the run with the median warm / cross-encoder ratio (every run's in rows_by_run)
         "rows": runs[sorted(range(len(runs)), key=lambda i: per_run[i]["warm_over_cross_encoder"])[len(runs) // 2]],
         "rows_by_run": runs if len(runs) > 1 else None,
         "in_process_adapter_pairs_per_s": round(in_process, 1),
         "in_process_cross_encoder_pairs_per_s": round(in_process_ce, 1),
         "in_process_ratio": round(in_process / in_process_ce, 1),
-        # the headline figures: the median over runs (one run: that run), each run's in `per_run`
-        **median, "per_run": per_run, "min_max_over_runs": spread, "target_ratio": 40, "target_p99_ms": 100,
-        "serve_overhead_in_process_over_served": round(in_process / median["best_warm_adapter_pairs_per_s"], 1)})
-
+        # the headline figures: the first placement's median over runs (one run: that run), each run's in `per_run`
+        **summary, "target_ratio": 40, "target_p99_ms": 100, "target_cascade_ratio": 8, "target_cold_ratio": 2,
+        **({"by_placement": _by_placement(runs, placements)} if len(placements) > 1 else {}),
+        "serve_overhead_in_process_over_served": round(in_process / summary["best_warm_adapter_pairs_per_s"], 1)})
 
 if __name__ == "__main__":
     main()
