@@ -280,7 +280,7 @@ def build_app(args: dict[str, Any]) -> serve.Application:
     """Application builder: resolves the model once (and refuses an encoder mismatch), then binds."""
     from serving.model import pinned_uri, resolve_manifest
 
-    a = AppArgs.model_validate(args)
+    a = AppArgs.parse(args)
     tracking_uri = a.tracking_uri or os.environ.get("MLFLOW_TRACKING_URI")
     manifest = resolve_manifest(a.model_uri, tracking_uri)
     # the alias resolved to a version now: after the alias moves, redeploying changes the ingress's

@@ -3,10 +3,12 @@ from __future__ import annotations
 
 from typing import Any, Literal
 
-from pydantic import BaseModel, Field
+from pydantic import BaseModel, ConfigDict, Field
 
 
 class Replicas(BaseModel):
+    model_config = ConfigDict(extra="forbid")  # a misspelt option is an error naming it, not a silent default
+
     min: int = Field(1, ge=0)
     max: int = Field(2, ge=1)
     num_cpus: float = Field(0.25, gt=0, description="fractional CPUs per replica: replicas that each ask for a "
@@ -15,6 +17,8 @@ class Replicas(BaseModel):
 
 class AppArgs(BaseModel):
     """Typed arguments of the application builder (`serve run ... key=value`, or `args:` in config.yaml)."""
+
+    model_config = ConfigDict(extra="forbid")  # a misspelt option is an error naming it, not a silent default
 
     model_uri: str = "models:/pair-residual-stsb@champion"
     tracking_uri: str | None = Field(None, description="MLflow tracking URI (default $MLFLOW_TRACKING_URI)")
@@ -52,6 +56,17 @@ class AppArgs(BaseModel):
                                   "the cross-encoder (a request may set its own `budget`)")
     encoder: Replicas = Replicas(min=1, max=2, num_cpus=0.5)
     ingress: Replicas = Replicas(min=1, max=2, num_cpus=0.5)
+
+    @classmethod
+    def parse(cls, args: dict[str, Any]) -> "AppArgs":
+        """The builder's arguments validated; an error lists what was wrong and the arguments there are."""
+        from pydantic import ValidationError
+
+        try:
+            return cls.model_validate(args)
+        except ValidationError as exc:
+            raise ValueError(f"Invalid application arguments: {exc}\nValid arguments: {sorted(cls.model_fields)}; "
+                             f"encoder / ingress take {sorted(Replicas.model_fields)}.") from None
 
 
 def deployment_options(r: Replicas, access_log: bool = False, **extra) -> dict[str, Any]:

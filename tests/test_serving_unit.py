@@ -368,7 +368,8 @@ def test_a_cold_start_warms_the_near_cache_from_the_encoder(tmp_path, encoder):
 
 
 @pytest.mark.parametrize("bad", [{"projection_cache_size": -1}, {"cache_size": "many"},
-                                 {"cross_encoder_placement": "gpu"}])
+                                 {"cross_encoder_placement": "gpu"}, {"cross_encoder_placment": "ingress"},
+                                 {"ingress": {"max": 2, "num_cpu": 1}}])
 def test_app_args_reject_bad_cache_sizes(bad):
     from pydantic import ValidationError
 
@@ -376,6 +377,23 @@ def test_app_args_reject_bad_cache_sizes(bad):
 
     with pytest.raises(ValidationError, match=next(iter(bad))):
         AppArgs.model_validate(bad)
+    with pytest.raises(ValueError, match=f"(?s){next(iter(bad))}.*Valid arguments: .*'cross_encoder_placement'"):
+        AppArgs.parse(bad)  # what the builder raises: the same, with the arguments there are
+
+
+@pytest.mark.parametrize("name", ["config.yaml", "config_cascade.yaml"])
+def test_the_shipped_serve_configs_hold_only_valid_app_args(name):
+    """Both configs `make serve` / `make serve-cascade` deploy validate as AppArgs (unknown keys are refused)."""
+    from pathlib import Path
+
+    import yaml
+
+    from serving.args import AppArgs
+
+    config = yaml.safe_load((Path(__file__).resolve().parents[1] / "serving" / name).read_text())
+    args = AppArgs.model_validate(config["applications"][0]["args"])
+    assert (args.cross_encoder is not None) == (name == "config_cascade.yaml")
+    assert args.cross_encoder_placement == "deployment"
 
 
 def test_the_cross_encoder_is_called_through_its_handle_or_not_at_all():
