@@ -115,6 +115,7 @@ bench: venv
 	$(BIN)/python benchmarks/serve_bench.py
 	$(BIN)/python benchmarks/serve_bench.py --direct-ingress
 	$(BIN)/python benchmarks/batching.py
+	$(BIN)/python benchmarks/cold_bound.py
 
 ## the cascade's quality-cost frontier (STS-B and QQP) -> results/benchmarks/cascade_frontier.{json,png}
 frontier: venv

@@ -122,7 +122,7 @@ class CascadeBodies(Bodies):
 
 
 def _throughput(task: str, model_uri: str, tracking: str, ce_dir: str, backend: str, seconds: float,
-                port: int, direct_ingress: bool = False) -> dict:
+                port: int, direct_ingress: bool = False, placement: str = "deployment") -> dict:
     import requests
     from ray import serve
 
@@ -131,7 +131,8 @@ def _throughput(task: str, model_uri: str, tracking: str, ce_dir: str, backend: 
 
     sentences = load_task(task, "test").texts()[:2000]
     serve.run(build_app({"model_uri": model_uri, "tracking_uri": tracking, "cross_encoder": ce_dir,
-                         "cross_encoder_backend": backend, "encoder": {"min": 1, "max": 1, "num_cpus": 0.5},
+                         "cross_encoder_backend": backend, "cross_encoder_placement": placement,
+                         "encoder": {"min": 1, "max": 1, "num_cpus": 0.5},
                          "ingress": {"min": 1, "max": 1, "num_cpus": 0.5}, "max_inflight": 256, "max_pairs": 64}),
               name=f"frontier-{task}", route_prefix="/")
     if direct_ingress:
@@ -185,6 +186,8 @@ def main() -> None:
     ap.add_argument("--direct-ingress", action="store_true",
                     help="Ray Serve's direct ingress: the load goes to the ingress replica's own HTTP port (no proxy "
                          "hop), as in serve_bench.py --direct-ingress")
+    ap.add_argument("--placement", default="deployment", choices=("deployment", "ingress"),
+                    help="where the served cross-encoder runs (the app's cross_encoder_placement; default deployment)")
     args = ap.parse_args()
     results = {t: _quality(t, args.teacher_preset, args.backend) for t in args.tasks.split(",")}
     if not args.no_serve:
@@ -204,7 +207,7 @@ def main() -> None:
         for task, r in results.items():
             uri = _register(task, r["_state"], tracking)
             t = _throughput(task, uri, tracking, r["served_teacher_dir"], args.backend, args.seconds, port,
-                            args.direct_ingress)
+                            args.direct_ingress, args.placement)
             for points in r["curves"].values():
                 for p in points:
                     p["pairs_per_s"] = round(t["by_budget"][p["budget"]]["pairs_per_s"], 1)
@@ -214,7 +217,8 @@ def main() -> None:
         ray.shutdown()
     summary = _summarise(results, args)
     out = write_results("cascade_frontier" + ("" if args.backend == "torch" else f"_{args.backend}")
-                        + ("_direct_ingress" if args.direct_ingress else ""), summary)
+                        + ("_direct_ingress" if args.direct_ingress else "")
+                        + ("_ce-in-ingress" if args.placement == "ingress" else ""), summary)
     if not args.no_serve:
         png = out.with_suffix(".png")
         _plot(results, png)
@@ -234,7 +238,8 @@ def _summarise(results: dict, args) -> dict:
         if "cross_encoder_pairs_per_s" in r:
             r["at_budget_0.1"]["pairs_per_s_over_cross_encoder"] = round(
                 at["difficulty"]["pairs_per_s"] / r["cross_encoder_pairs_per_s"], 1)
-    return {"cross_encoder_backend": args.backend, "seconds_per_point": args.seconds, "budgets": list(BUDGETS),
+    return {"cross_encoder_backend": args.backend, "cross_encoder_placement": args.placement,
+            "seconds_per_point": args.seconds, "budgets": list(BUDGETS),
             "topology": "direct ingress (load to the ingress replica's own port)" if args.direct_ingress
             else "Serve HTTP proxy -> ingress replica",
             "seeds": list(SEEDS), "tasks": results,

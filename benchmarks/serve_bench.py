@@ -49,7 +49,7 @@ def _load(url: str, body_fn, concurrency: int, seconds: float, out: mp.Queue) ->
 
     import aiohttp
 
-    lat, pairs, errors = [], [0], [0]
+    lat, pairs, errors, statuses = [], [0], [0], {}
 
     async def worker(session, k: int, stop: float) -> None:
         i = 0
@@ -57,14 +57,16 @@ def _load(url: str, body_fn, concurrency: int, seconds: float, out: mp.Queue) ->
             body, n = body_fn(k, i)
             t = time.perf_counter()
             async with session.post(url, json=body) as r:
-                await r.read()
+                text = await r.read()
                 ok = r.status == 200
             dt = time.perf_counter() - t
             if ok:
                 lat.append(dt)
                 pairs[0] += n
-            else:
+            else:  # which failure: its status, and the first body of each status (the service's error body)
                 errors[0] += 1
+                seen = statuses.setdefault(str(r.status), {"count": 0, "first_body": text[:300].decode("utf-8", "replace")})
+                seen["count"] += 1
             i += 1
 
     async def main() -> float:
@@ -78,7 +80,8 @@ def _load(url: str, body_fn, concurrency: int, seconds: float, out: mp.Queue) ->
     wall = asyncio.run(main())
     client_cpu = time.process_time() - cpu0
     lat.sort()
-    out.put({"requests": len(lat), "errors": errors[0], "pairs_per_s": pairs[0] / wall,
+    out.put({"requests": len(lat), "errors": errors[0], **({"error_statuses": statuses} if statuses else {}),
+             "pairs_per_s": pairs[0] / wall,
              "client_cores": client_cpu / wall,
              "p50_ms": 1000 * statistics.median(lat) if lat else None,
              "p99_ms": 1000 * lat[min(len(lat) - 1, int(0.99 * len(lat)))] if lat else None})
