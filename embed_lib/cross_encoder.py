@@ -22,6 +22,7 @@ import json
 import logging
 import shutil
 import tempfile
+import threading
 import time
 from pathlib import Path
 from typing import Any, Callable, Mapping, Sequence
@@ -129,6 +130,8 @@ class PairCrossEncoder:
             raise ValueError(f"Could not load cross-encoder {str(path)!r}: {exc}. Give a cross-encoder id, a local "
                              "directory, or a models:/cross-encoder-<task> URI.") from exc
         self.ce.model.eval()
+        # one tokenizer call at a time (see FrozenEncoder): the forward passes of two threads still run in parallel
+        self._tokenizing = threading.Lock()
         self.runner = None
         if backend != "torch":
             from embed_lib.onnx_backend import cross_encoder_runner
@@ -140,15 +143,17 @@ class PairCrossEncoder:
     def _logits_one_order(self, pairs: list[list[str]]) -> np.ndarray:
         out = np.empty(len(pairs), dtype=np.float32)
         for idx in length_batches(self.token_lengths(pairs), self.batch_size, self.slack):
-            features = self.ce.preprocess([pairs[i] for i in idx])
+            with self._tokenizing:
+                features = self.ce.preprocess([pairs[i] for i in idx])
             out[idx] = (self.runner.run(features) if self.runner is not None
-                        else F.logits(self.ce, [pairs[i] for i in idx]).float().numpy())
+                        else F.logits_of(self.ce, features).float().numpy())
         return out
 
     def token_lengths(self, pairs: Sequence[Sequence[str]]) -> list[int]:
         """Tokens of each pair as the model reads it (both texts, special tokens, truncation)."""
-        ids = self.ce.tokenizer([a for a, _ in pairs], [b for _, b in pairs], truncation=True,
-                                max_length=self.ce.max_length)["input_ids"]
+        with self._tokenizing:
+            ids = self.ce.tokenizer([a for a, _ in pairs], [b for _, b in pairs], truncation=True,
+                                    max_length=self.ce.max_length)["input_ids"]
         return [len(x) for x in ids]
 
     def logits(self, pairs: Sequence[Sequence[str]]) -> np.ndarray:

@@ -18,6 +18,7 @@ from __future__ import annotations
 import hashlib
 import logging
 import os
+import threading
 from pathlib import Path
 from typing import Any, Sequence
 
@@ -108,6 +109,9 @@ class FrozenEncoder:
         self._fingerprint: str | None = None
         self._onnx = None
         self.slack = SLACK  # embed_lib.batching
+        # one tokenizer call at a time: a fast tokenizer's padding / truncation is state every call resets, so two
+        # threads (a deployment's two batches in flight) could get unpadded rows; the forward passes run in parallel
+        self._tokenizing = threading.Lock()
         if self.config.backend != "torch":
             from embed_lib.config import default_cache_dir
             from embed_lib.onnx_backend import encoder_runner
@@ -205,7 +209,9 @@ class FrozenEncoder:
         progress = Progress(n, f"encode {self.config.model}") if show else None
         # longest first, in batches of similar length (embed_lib.batching): little padding, memory peaks at once
         for idx in length_batches(self.token_lengths(texts), bs, self.slack):
-            out[idx] = self._forward(self.model.preprocess([texts[i] for i in idx], prompt=self.prompt), backend)
+            with self._tokenizing:
+                features = self.model.preprocess([texts[i] for i in idx], prompt=self.prompt)
+            out[idx] = self._forward(features, backend)
             if progress is not None:
                 progress.update(len(idx))
         if progress is not None:
@@ -216,7 +222,8 @@ class FrozenEncoder:
         """Tokens of each text as the encoder reads it (special tokens, truncation; without a prompt). A tokenizer
         pass of its own (~1% of an encode call's time): slicing one padded pass per batch instead would break
         tokenizers that pad on the left."""
-        ids = self.model.tokenizer(list(texts), truncation=True, max_length=self.max_seq_length)["input_ids"]
+        with self._tokenizing:
+            ids = self.model.tokenizer(list(texts), truncation=True, max_length=self.max_seq_length)["input_ids"]
         return [len(x) for x in ids]
 
     def encode_torch(self, texts: Sequence[str]) -> np.ndarray:

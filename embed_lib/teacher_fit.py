@@ -46,7 +46,11 @@ def param_groups(model: torch.nn.Module, weight_decay: float) -> list[dict[str, 
 
 
 def logits(ce, pairs: list[list[str]]) -> torch.Tensor:
-    features = ce.preprocess(pairs)
+    return logits_of(ce, ce.preprocess(pairs))
+
+
+def logits_of(ce, features: dict) -> torch.Tensor:
+    """(n,) logits of a batch the tokenizer already made (`ce.preprocess`)."""
     features = {k: v.to(ce.device) if isinstance(v, torch.Tensor) else v for k, v in features.items()}
     return ce(features)["scores"].view(-1)
 

