@@ -122,7 +122,13 @@ class CascadeBodies(Bodies):
 
 
 def _throughput(task: str, model_uri: str, tracking: str, ce_dir: str, backend: str, seconds: float,
-                port: int, direct_ingress: bool = False, placement: str = "deployment") -> dict:
+                port: int, direct_ingress: bool = False, placements: tuple[str, ...] = ("deployment",),
+                rounds: int = 1) -> dict:
+    """Pairs/s (and p99) per budget and of the cross-encoder alone, for each cross-encoder placement (one
+    application each, side by side, every point measured for one placement then the next), median over
+    `rounds`; and per round, each placement's cascade at b = 0.1 against its own cross-encoder alone."""
+    import statistics
+
     import requests
     from ray import serve
 
@@ -130,25 +136,45 @@ def _throughput(task: str, model_uri: str, tracking: str, ce_dir: str, backend: 
     from serving.app import build_app
 
     sentences = load_task(task, "test").texts()[:2000]
-    serve.run(build_app({"model_uri": model_uri, "tracking_uri": tracking, "cross_encoder": ce_dir,
-                         "cross_encoder_backend": backend, "cross_encoder_placement": placement,
-                         "encoder": {"min": 1, "max": 1, "num_cpus": 0.5},
-                         "ingress": {"min": 1, "max": 1, "num_cpus": 0.5}, "max_inflight": 256, "max_pairs": 64}),
-              name=f"frontier-{task}", route_prefix="/")
-    if direct_ingress:
-        port = direct_ingress_port(f"frontier-{task}")
-    for i in range(0, len(sentences), 1000):
-        requests.post(f"http://127.0.0.1:{port}/v1/warm", json={"texts": sentences[i: i + 1000]}, timeout=600)
-    url = f"http://127.0.0.1:{port}/v1/score"
-    rows = {}
-    for b in BUDGETS:
-        rows[b] = run_load(url, CascadeBodies(sentences, b), 8, seconds)
-        print(task, "budget", b, rows[b], flush=True)
-    ce = run_load(url, CascadeBodies(sentences, None, "cross_encoder"), 8, seconds)
-    print(task, "cross-encoder alone", ce, flush=True)
-    serve.delete(f"frontier-{task}")
-    return {"by_budget": rows, "cross_encoder": ce}
+    share = 0.5 / len(placements)  # a scheduling figure: two applications fit the 2-CPU node side by side
+    urls = {}
+    for pl in placements:
+        name = f"frontier-{task}" if len(placements) == 1 else f"frontier-{task}-{pl}"
+        prefix = "/" if len(placements) == 1 else f"/{pl}"
+        serve.run(build_app({"model_uri": model_uri, "tracking_uri": tracking, "cross_encoder": ce_dir,
+                             "cross_encoder_backend": backend, "cross_encoder_placement": pl,
+                             "encoder": {"min": 1, "max": 1, "num_cpus": share},
+                             "ingress": {"min": 1, "max": 1, "num_cpus": share}, "max_inflight": 256,
+                             "max_pairs": 64}), name=name, route_prefix=prefix)
+        base = f"http://127.0.0.1:{direct_ingress_port(name) if direct_ingress else port}{prefix.rstrip('/')}"
+        for i in range(0, len(sentences), 1000):
+            requests.post(f"{base}/v1/warm", json={"texts": sentences[i: i + 1000]}, timeout=600)
+        urls[pl] = f"{base}/v1/score"
+    runs = {pl: {"by_budget": {b: [] for b in BUDGETS}, "cross_encoder": []} for pl in placements}
+    for r in range(rounds):
+        for b in BUDGETS:
+            for pl, url in urls.items():
+                res = run_load(url, CascadeBodies(sentences, b), 8, seconds)
+                runs[pl]["by_budget"][b].append(res)
+                print(task, f"round {r}", pl, "budget", b, res, flush=True)
+        for pl, url in urls.items():
+            res = run_load(url, CascadeBodies(sentences, None, "cross_encoder"), 8, seconds)
+            runs[pl]["cross_encoder"].append(res)
+            print(task, f"round {r}", pl, "cross-encoder alone", res, flush=True)
+    for pl in placements:
+        serve.delete(f"frontier-{task}" if len(placements) == 1 else f"frontier-{task}-{pl}")
 
+    def median(results: list[dict]) -> dict:  # the round with the median pairs/s
+        return sorted(results, key=lambda x: x["pairs_per_s"])[len(results) // 2]
+
+    out = {pl: {"by_budget": {b: median(v) for b, v in runs[pl]["by_budget"].items()},
+                "cross_encoder": median(runs[pl]["cross_encoder"]),
+                "ratio_at_0.1_by_round": [round(c["pairs_per_s"] / a["pairs_per_s"], 2) for c, a in
+                                          zip(runs[pl]["by_budget"][0.1], runs[pl]["cross_encoder"])]}
+           for pl in placements}
+    for pl in placements:
+        out[pl]["ratio_at_0.1_median"] = statistics.median(out[pl]["ratio_at_0.1_by_round"])
+    return {**out[placements[0]], "by_placement": out}
 
 def _plot(results: dict, path) -> None:
     import matplotlib
@@ -186,8 +212,13 @@ def main() -> None:
     ap.add_argument("--direct-ingress", action="store_true",
                     help="Ray Serve's direct ingress: the load goes to the ingress replica's own HTTP port (no proxy "
                          "hop), as in serve_bench.py --direct-ingress")
-    ap.add_argument("--placement", default="deployment", choices=("deployment", "ingress"),
-                    help="where the served cross-encoder runs (the app's cross_encoder_placement; default deployment)")
+    ap.add_argument("--placements", default="deployment",
+                    help="where the served cross-encoder runs (the app's cross_encoder_placement), comma-separated: "
+                         "deployment, ingress; two: side by side, each point measured for one then the other "
+                         "(default deployment; the curves' pairs/s are the first one's)")
+    ap.add_argument("--rounds", type=int, default=1,
+                    help="measure every throughput point this many times, rounds one after another; the median "
+                         "round's figures are kept and each round's ratio at b = 0.1 (default 1)")
     args = ap.parse_args()
     results = {t: _quality(t, args.teacher_preset, args.backend) for t in args.tasks.split(",")}
     if not args.no_serve:
@@ -207,18 +238,27 @@ def main() -> None:
         for task, r in results.items():
             uri = _register(task, r["_state"], tracking)
             t = _throughput(task, uri, tracking, r["served_teacher_dir"], args.backend, args.seconds, port,
-                            args.direct_ingress, args.placement)
+                            args.direct_ingress, tuple(args.placements.split(",")), args.rounds)
             for points in r["curves"].values():
                 for p in points:
                     p["pairs_per_s"] = round(t["by_budget"][p["budget"]]["pairs_per_s"], 1)
             r["cross_encoder_pairs_per_s"] = round(t["cross_encoder"]["pairs_per_s"], 1)
             r["p99_ms_by_budget"] = {str(b): t["by_budget"][b]["p99_ms"] for b in BUDGETS}
+            r["throughput_by_placement"] = {pl: {
+                "pairs_per_s_by_budget": {str(b): round(v["by_budget"][b]["pairs_per_s"], 1) for b in BUDGETS},
+                "cross_encoder_pairs_per_s": round(v["cross_encoder"]["pairs_per_s"], 1),
+                "ratio_at_0.1_by_round": v["ratio_at_0.1_by_round"], "ratio_at_0.1_median": v["ratio_at_0.1_median"],
+                # the ceiling at b = 0.1 from the same placement's points: 1 / (b + ce / warm at b = 0)
+                "ceiling_at_0.1": round(1 / (0.1 + v["cross_encoder"]["pairs_per_s"]
+                                              / v["by_budget"][0.0]["pairs_per_s"]), 2)}
+                for pl, v in t["by_placement"].items()}
         serve.shutdown()
         ray.shutdown()
     summary = _summarise(results, args)
     out = write_results("cascade_frontier" + ("" if args.backend == "torch" else f"_{args.backend}")
                         + ("_direct_ingress" if args.direct_ingress else "")
-                        + ("_ce-in-ingress" if args.placement == "ingress" else ""), summary)
+                        + ("" if args.placements == "deployment" else "_ce-in-" + args.placements.replace(",", "-")),
+                        summary)
     if not args.no_serve:
         png = out.with_suffix(".png")
         _plot(results, png)
@@ -238,7 +278,8 @@ def _summarise(results: dict, args) -> dict:
         if "cross_encoder_pairs_per_s" in r:
             r["at_budget_0.1"]["pairs_per_s_over_cross_encoder"] = round(
                 at["difficulty"]["pairs_per_s"] / r["cross_encoder_pairs_per_s"], 1)
-    return {"cross_encoder_backend": args.backend, "cross_encoder_placement": args.placement,
+    return {"cross_encoder_backend": args.backend, "cross_encoder_placements": args.placements.split(","),
+            "rounds": args.rounds,
             "seconds_per_point": args.seconds, "budgets": list(BUDGETS),
             "topology": "direct ingress (load to the ingress replica's own port)" if args.direct_ingress
             else "Serve HTTP proxy -> ingress replica",
