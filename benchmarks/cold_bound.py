@@ -72,8 +72,8 @@ def main() -> None:
             seconds[name].append(time.perf_counter() - t)
     rate = {k: round(len(pairs) / statistics.median(v), 1) for k, v in seconds.items()}
     # per round (the three timed back to back), then the median: the machine's drift between rounds cancels
-    bound = {ce: statistics.median(t_ce / t_enc for t_enc, t_ce in zip(seconds["encoder_cold_pairs"], seconds[ce]))
-             for ce in ("cross_encoder_one_order", "cross_encoder_both_orders")}
+    bound = {name: statistics.median(t_ce / t_enc for t_enc, t_ce in zip(seconds["encoder_cold_pairs"], seconds[name]))
+             for name in ("cross_encoder_one_order", "cross_encoder_both_orders")}
     out = {"backend": args.backend, "threads": args.threads, "repeats": args.repeats, "pairs": len(pairs),
            "cross_encoder": args.cross_encoder, "pairs_per_s": rate,
            "pairs_per_s_by_round": {k: [round(len(pairs) / s, 1) for s in v] for k, v in seconds.items()},
