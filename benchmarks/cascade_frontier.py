@@ -137,9 +137,8 @@ def _throughput(task: str, model_uri: str, tracking: str, ce_dir: str, backend: 
 
     sentences = load_task(task, "test").texts()[:2000]
     share = 0.5 / len(placements)  # a scheduling figure: two applications fit the 2-CPU node side by side
-    urls = {}
-    for pl in placements:
-        name = f"frontier-{task}" if len(placements) == 1 else f"frontier-{task}-{pl}"
+    urls, names = {}, {pl: f"frontier-{task}" if len(placements) == 1 else f"frontier-{task}-{pl}" for pl in placements}
+    for pl, name in names.items():
         prefix = "/" if len(placements) == 1 else f"/{pl}"
         serve.run(build_app({"model_uri": model_uri, "tracking_uri": tracking, "cross_encoder": ce_dir,
                              "cross_encoder_backend": backend, "cross_encoder_placement": pl,
@@ -161,8 +160,8 @@ def _throughput(task: str, model_uri: str, tracking: str, ce_dir: str, backend: 
             res = run_load(url, CascadeBodies(sentences, None, "cross_encoder"), 8, seconds)
             runs[pl]["cross_encoder"].append(res)
             print(task, f"round {r}", pl, "cross-encoder alone", res, flush=True)
-    for pl in placements:
-        serve.delete(f"frontier-{task}" if len(placements) == 1 else f"frontier-{task}-{pl}")
+    for name in names.values():
+        serve.delete(name)
 
     def median(results: list[dict]) -> dict:  # the round with the median pairs/s
         return sorted(results, key=lambda x: x["pairs_per_s"])[len(results) // 2]

@@ -65,7 +65,8 @@ def _load(url: str, body_fn, concurrency: int, seconds: float, out: mp.Queue) ->
                 pairs[0] += n
             else:  # which failure: its status, and the first body of each status (the service's error body)
                 errors[0] += 1
-                seen = statuses.setdefault(str(r.status), {"count": 0, "first_body": text[:300].decode("utf-8", "replace")})
+                seen = statuses.setdefault(str(r.status),
+                                           {"count": 0, "first_body": text[:300].decode("utf-8", "replace")})
                 seen["count"] += 1
             i += 1
 

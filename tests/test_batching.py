@@ -78,7 +78,6 @@ def test_encoder_vectors_do_not_depend_on_the_batching(encoder):
     assert len(length_batches(lengths, encoder.config.batch_size)) > 1
 
 
-
 def _right_while_another_thread_tokenizes(run, token_lengths, batches: list) -> None:
     """Each batch gives what it gives alone while a second thread measures token lengths meanwhile (what one of a
     deployment's two batches in flight does while the other is being padded). Hugging Face fast tokenizers keep

@@ -398,21 +398,15 @@ def test_the_shipped_serve_configs_hold_only_valid_app_args(name):
 
 def test_the_cross_encoder_is_called_through_its_handle_or_not_at_all():
     """With a deployment's handle the ingress calls it; without one (no cross-encoder, or placement='deployment'
-    and no handle bound) there is nothing to call, and a cascade request is then the 422 naming `cascade`."""
+    and no handle bound) there is nothing to call."""
     from serving.args import AppArgs
     from serving.deployments import cross_encoder_calls
+    from tests.test_cascade import _FakeCrossEncoder
 
-    class Handle:
-        class _Method:
-            def __init__(self, fn):
-                self.remote = fn
-
-        def __init__(self):
-            self.score = self._Method(lambda pairs: ("scored", pairs))
-            self.info = self._Method(lambda: "info")
-
-    score, info = cross_encoder_calls(Handle(), AppArgs(cross_encoder="some/ce"), None)
-    assert score([("a", "b")]) == ("scored", [("a", "b")]) and info() == "info"
+    handle = _FakeCrossEncoder()
+    score, info = cross_encoder_calls(handle, AppArgs(cross_encoder="some/ce"), None)
+    assert asyncio.run(score([("ab", "c")])).tolist() == pytest.approx([0.97]) and handle.calls == [[("ab", "c")]]
+    assert asyncio.run(info())["name"] == "fake"
     assert cross_encoder_calls(None, AppArgs(), None) == (None, None)
     assert cross_encoder_calls(None, AppArgs(cross_encoder="some/ce"), None) == (None, None)
 
