@@ -56,7 +56,7 @@ def serve_replica_kill(data, seconds: float = 20.0) -> dict:
     from ray import serve
 
     from embed_lib.config import AdapterConfig
-    from embed_lib.registry import log_adapter_model, promote
+    from embed_lib.registry import evidence_of, log_adapter_model, promote
     from embed_lib.tracking import set_experiment
     from embed_lib.train import train_seed_group
     from serving.app import build_app
@@ -66,7 +66,7 @@ def serve_replica_kill(data, seconds: float = 20.0) -> dict:
     r = train_seed_group(AdapterConfig(adapter="pair_gated", target="lexical", epochs=2, n_seeds=2), data)
     with mlflow.start_run():
         info = log_adapter_model(r, data, registered_name="pair-residual-stsb")
-    promote("pair-residual-stsb", info.registered_model_version, r.summary["ensemble/val/spearman"])
+    promote("pair-residual-stsb", info.registered_model_version, evidence_of(r, data))
     serve.start(http_options={"host": "127.0.0.1", "port": 8124})
     serve.run(build_app({"model_uri": "models:/pair-residual-stsb@champion", "tracking_uri": tracking,
                          "ingress": {"min": 2, "max": 2, "num_cpus": 0.3},

@@ -189,7 +189,7 @@ def _register(tracking: str, encoder_backend: str = "torch"):
     import mlflow
 
     from embed_lib.config import AdapterConfig, EncoderConfig
-    from embed_lib.registry import log_adapter_model, promote
+    from embed_lib.registry import evidence_of, log_adapter_model, promote
     from embed_lib.study import load_study
     from embed_lib.tracking import set_experiment
     from embed_lib.train import train_seed_group
@@ -199,7 +199,7 @@ def _register(tracking: str, encoder_backend: str = "torch"):
     result = train_seed_group(AdapterConfig(adapter="pair_gated", target="lexical", epochs=3), data)
     with mlflow.start_run():
         info = log_adapter_model(result, data, registered_name="pair-residual-stsb")
-    promote("pair-residual-stsb", info.registered_model_version, result.summary["ensemble/val/spearman"])
+    promote("pair-residual-stsb", info.registered_model_version, evidence_of(result, data))
     return data
 
 

@@ -6,6 +6,7 @@
     retrieval    re-ranking check on a duplicate-question retrieval set -> results/retrieval_<task>.{md,json}
     diagnostics  headroom of each difficulty signal and the length-collapse table
     teacher      the K-fold teacher's record, one cross-encoder on all of train, registered as cross-encoder-<task>
+    registry     versions of pair-residual-<task>, their aliases and why each sits there; --promote / --rollback
 """
 from __future__ import annotations
 
@@ -17,6 +18,7 @@ from typing import Sequence
 from embed_lib.cli_args import (add_adapter_flags, add_custom_data_flags, add_data_flags, add_encoder_flags,
                                 add_mlflow_flags, add_teacher_flags, resolve_task)
 from embed_lib.commands import cmd_baseline, cmd_diagnostics, cmd_retrieval, cmd_study, cmd_teacher, cmd_train
+from embed_lib.registry_command import add_registry_parser
 from embed_lib.tasks import task_names
 
 
@@ -95,6 +97,8 @@ def build_parser() -> argparse.ArgumentParser:
     add_teacher_flags(p)
     add_mlflow_flags(p, "embed_lib-<task>")
     p.set_defaults(func=cmd_teacher)
+
+    add_registry_parser(sub)
     return parser
 
 

@@ -54,6 +54,12 @@ def select_winner(rows: Sequence[dict[str, Any]], tie: float = 1e-4,
     return min(near, key=lambda r: (r.get("gamma", 0.0), -r["delta_val_mean"]))
 
 
+def rule_text(tolerance: float = TRANSFER_TOLERANCE) -> str:
+    """The winner rule in words: recorded on every registered version (versions under other rules do not compete)."""
+    return (f"validation delta > 0 on every seed; every transfer delta >= -{tolerance:g} on every seed; "
+            "best mean validation delta, near-ties to the smaller gamma")
+
+
 def no_winner_reason(rows: Sequence[dict[str, Any]], tolerance: float = TRANSFER_TOLERANCE) -> str:
     """One sentence: how many configurations failed which part of the rule."""
     if not rows:

@@ -44,6 +44,9 @@ class StudyData:
     split_notes: dict[str, str]
     _familiarity: torch.Tensor | None = field(default=None, repr=False)
     _retrieval: dict[str, Any] | None = field(default=None, repr=False)
+    #: split name -> fingerprint of its pairs and labels (PairData.fingerprint): what a registered version was
+    #: validated on, so that the registry compares like with like
+    fingerprints: dict[str, str] = field(default_factory=dict)
 
     @property
     def targets(self) -> list[str]:
@@ -100,7 +103,7 @@ class StudyData:
                   for k, s in self.splits.items()}
         fam = self._familiarity.to(dev) if self._familiarity is not None else None
         return StudyData(self.task, self.binary, self.X.to(dev), splits, self.sentence_target, self.manifest,
-                         self.split_notes, fam, self._retrieval)
+                         self.split_notes, fam, self._retrieval, dict(self.fingerprints))
 
 
 def novelty_reference_rows(data: StudyData) -> torch.Tensor:
@@ -149,4 +152,5 @@ def prepare_study(emb: EmbeddedTask, teacher_scores: Mapping[str, np.ndarray] | 
             sentence_target[name] = per_sentence_mean(tr.ia, tr.ib, splits["train"].pair_target[name], m)
     first = next(iter(emb.splits.values())).data
     return StudyData(emb.task, first.binary, X, splits, sentence_target, dict(emb.manifest),
-                     {k: v.data.split_note for k, v in emb.splits.items()})
+                     {k: v.data.split_note for k, v in emb.splits.items()},
+                     fingerprints={k: v.data.fingerprint for k, v in emb.splits.items()})

@@ -63,11 +63,22 @@ class Ingress:
         from serving.model import load_model
 
         model, info = load_model(user_config.get("pinned") or user_config["model_uri"], self.tracking_uri)
-        if self.scorer.info and info["encoder_key"] != self.scorer.info["encoder_key"]:
+        old = self.scorer.info
+        if old and info["encoder_key"] != old["encoder_key"]:
             raise RuntimeError("Refusing to switch to a model trained on another encoder; redeploy the application.")
         info["requested_uri"] = user_config["model_uri"]
         if "@" in user_config["model_uri"]:  # served through an alias: report it
             info["alias"] = user_config["model_uri"].rsplit("@", 1)[1]
+        # why this version serves: the registry's record of the alias move that put it there (from which version,
+        # why, by hand or not); a replica that swaps models in place also names the version it served before
+        rec = info.get("promotion") or {}
+        if (rec.get("previous") or {}).get("version"):
+            info["moved_from"] = {"version": rec["previous"]["version"], "reason": rec.get("reason"),
+                                  "manual": rec.get("manual", False)}
+        served_before = old.get("version") if old else None
+        log.info("serving %s version %s%s; registry: %s", info.get("name"), info.get("version"),
+                 f" (was version {served_before} in this replica)" if served_before not in (None, info.get("version"))
+                 else "", rec.get("reason", "no promotion recorded"))
         first = self.scorer.model is None
         self.scorer.set_model(model, info)
         self.manifest = user_config.get("manifest")
@@ -284,9 +295,11 @@ def build_app(args: dict[str, Any]) -> serve.Application:
 
     a = AppArgs.parse(args)
     tracking_uri = a.tracking_uri or os.environ.get("MLFLOW_TRACKING_URI")
-    manifest = resolve_manifest(a.model_uri, tracking_uri)
-    # the alias resolved to a version now: after the alias moves, redeploying changes the ingress's
-    # user_config and Serve reconfigures it in place (no replica restart, no dropped request)
+    # the alias resolved to a version once, and everything read from that version: after the alias moves,
+    # redeploying changes the ingress's user_config and Serve reconfigures it in place (no replica restart, no
+    # dropped request)
+    pinned = pinned_uri(a.model_uri, tracking_uri)
+    manifest = resolve_manifest(pinned, tracking_uri, requested=a.model_uri)
     # Serve's own bounds sit above the ingress's admission control: a bounded queue, never an unbounded one. The
     # model deployments take as many requests at once as the ingress admits, so their batches can fill (at
     # Serve's default of 5 the callers beyond it wait in the router's back-off, seconds under load)
@@ -294,7 +307,7 @@ def build_app(args: dict[str, Any]) -> serve.Application:
     encoder = Encoder.options(**deployment_options(a.encoder, a.access_log, **bounds)).bind(
         manifest, a.cache_size, a.max_batch_size, a.batch_wait_timeout_s, a.warm_corpus, a.encoder.num_cpus,
         a.warm_corpus_columns)
-    user_config = {"model_uri": a.model_uri, "pinned": pinned_uri(a.model_uri, tracking_uri), "manifest": manifest}
+    user_config = {"model_uri": a.model_uri, "pinned": pinned, "manifest": manifest}
     # cross_encoder_placement='ingress': no deployment; each ingress replica loads the cross-encoder itself
     cross = (CrossEncoderScorer.options(ray_actor_options={"num_cpus": CROSS_ENCODER_CPUS}, **bounds).bind(
         a.cross_encoder, a.cross_encoder_backend, CROSS_ENCODER_CPUS, tracking_uri)

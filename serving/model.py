@@ -1,4 +1,8 @@
-"""Loading the served model from the MLflow registry (safetensors + JSON, never unpickled)."""
+"""Loading the served model from the MLflow registry (safetensors + JSON, never unpickled).
+
+An alias is resolved to a version once (`pinned_uri`); the manifest, the weights and the registry figures are then
+all read from that version, so a move of the alias while a replica loads cannot mix two versions.
+"""
 from __future__ import annotations
 
 import json
@@ -6,10 +10,17 @@ import os
 import re
 from typing import Any
 
+import mlflow
+
+from embed_lib.cache import cache_key, manifest_mismatch
+from embed_lib.config import EncoderConfig, default_cache_dir
+from embed_lib.encoders import encoder_manifest
+from embed_lib.export import load_adapter
+from embed_lib.promotion import from_tag
+from embed_lib.registry import download_adapter
+
 
 def _client(tracking_uri: str | None):
-    import mlflow
-
     if tracking_uri:
         mlflow.set_tracking_uri(tracking_uri)
     return mlflow.MlflowClient(tracking_uri or os.environ.get("MLFLOW_TRACKING_URI"))
@@ -26,24 +37,26 @@ def registry_info(model_uri: str, tracking_uri: str | None) -> dict[str, Any]:
     return {"name": name, "version": str(mv.version), "alias": alias, "aliases": list(mv.aliases),
             "run_id": mv.run_id, "description": mv.description or "",
             "selection": {k: v for k, v in (mv.tags or {}).items()
-                          if k.startswith(("winner_rule", "transfer", "val_", "teacher"))}}
+                          if k.startswith(("winner_rule", "transfer", "val_", "teacher", "delta_val", "encoder_key"))},
+            # why this version holds its alias: the reason, the previous champion, manual or not, command, commit
+            "promotion": from_tag((mv.tags or {}).get("promotion"))}
 
 
 def pinned_uri(model_uri: str, tracking_uri: str | None) -> str:
     """models:/name@alias -> models:/name/<version the alias points at now>; other URIs unchanged."""
-    info = registry_info(model_uri, tracking_uri)
+    try:
+        info = registry_info(model_uri, tracking_uri)
+    except Exception as exc:  # MLflow's errors name neither the field nor the fix
+        raise ValueError(f"Cannot load {model_uri!r} from MLflow ({tracking_uri or 'default tracking URI'}): {exc}. "
+                         "Check model_uri (models:/<name>@<alias>) and tracking_uri.") from exc
     if info.get("alias") and info.get("version"):
         return f"models:/{info['name']}/{info['version']}"
     return model_uri
 
 
-def resolve_manifest(model_uri: str, tracking_uri: str | None) -> dict[str, Any]:
-    """The encoder manifest of a registered adapter; raises if it does not match the encoder available here."""
-    from embed_lib.cache import manifest_mismatch
-    from embed_lib.config import EncoderConfig, default_cache_dir
-    from embed_lib.encoders import encoder_manifest
-    from embed_lib.registry import download_adapter
-
+def resolve_manifest(model_uri: str, tracking_uri: str | None, requested: str | None = None) -> dict[str, Any]:
+    """The encoder manifest of a registered adapter (pass a pinned URI: `pinned_uri`); raises if it does not match
+    the encoder available here."""
     _client(tracking_uri)
     try:
         adapter_dir = download_adapter(model_uri, tracking_uri=tracking_uri)
@@ -53,17 +66,15 @@ def resolve_manifest(model_uri: str, tracking_uri: str | None) -> dict[str, Any]
     manifest = json.loads((adapter_dir / "encoder_manifest.json").read_text())
     diff = manifest_mismatch(manifest, encoder_manifest(EncoderConfig.from_manifest(manifest), default_cache_dir()))
     if diff:
-        raise ValueError(f"Refusing to serve {model_uri}: its encoder differs from the one available here "
-                         f"(field: (trained, serving) = {diff}). Serve it where its encoder is installed, or retrain.")
+        raise ValueError(f"Refusing to serve {requested or model_uri}: its encoder differs from the one available here "
+                         f"(field: (trained, serving) = {diff}; read from {model_uri}). Serve it where its encoder is "
+                         "installed, or retrain.")
     return manifest
 
 
 def load_model(model_uri: str, tracking_uri: str | None):
-    """(adapter model, info) with info = registry name/version/alias, config, validation metrics, encoder."""
-    from embed_lib.cache import cache_key
-    from embed_lib.export import load_adapter
-    from embed_lib.registry import download_adapter
-
+    """(adapter model, info) with info = registry name/version/alias, config, validation metrics, encoder (pass a
+    pinned URI: `pinned_uri`)."""
     _client(tracking_uri)
     adapter_dir = download_adapter(model_uri, tracking_uri=tracking_uri)
     model, config, manifest = load_adapter(adapter_dir)

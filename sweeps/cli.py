@@ -14,6 +14,7 @@ from ray import tune
 
 from embed_lib.cli_args import (encoder_config, resolve_task, skip_exit_collection, teacher_config, teacher_progress,
                                 teacher_summary)
+from embed_lib.registry import model_name
 from sweeps.flags import add_sweep_args, parse_grid, transfer_tasks
 from sweeps.mlflow_callback import MLflowTrialCallback, close_orphans
 from sweeps.report import finish_sweep
@@ -189,7 +190,8 @@ def run_sweep(args, script: str, space_fn, space_keys: list[str], fixed: dict[st
     stages["trials_s"] = round(time.perf_counter() - t0 - stages["precompute_s"], 1)
     # 6. leaderboard + plots on the parent; the do-no-harm winner retrained, tested once, registered
     out = finish_sweep(results, studies if len(taus) > 1 else first, fixed, space_keys, args.task, parent.info.run_id,
-                       tolerance=args.transfer_tolerance, teacher=record)
+                       tolerance=args.transfer_tolerance, teacher=record,
+                       registered_name=model_name(args.task, smoke=args.smoke_test, limit=limit))
     # 7. close what a killed driver left open; end the parent
     out["orphans_closed"] = close_orphans(tracking_uri, experiment.experiment_id, parent.info.run_id)
     stages["total_s"] = round(time.perf_counter() - t0, 1)

@@ -78,9 +78,12 @@ def add_sweep_args(p, *, default_samples: int) -> None:
     p.add_argument("--encode-workers", type=int, default=1,
                    help="Ray actors that encode sentences before the trials (one GPU each on GPU clusters)")
     p.add_argument("--epochs", type=int, default=None, help="fix the epochs instead of searching them")
-    p.add_argument("--limit", type=int, default=None, help="first N pairs of every split")
+    p.add_argument("--limit", type=int, default=None,
+                   help="first N pairs of every split; the winner registers as pair-residual-<task>-limited, never "
+                        "touching the aliases of pair-residual-<task>")
     p.add_argument("--smoke-test", action="store_true",
-                   help="whole path on 48 pairs per split, 2 seeds, 2 epochs, 3 trials, a tiny teacher")
+                   help="whole path on 48 pairs per split, 2 seeds, 2 epochs, 3 trials, a tiny teacher; the winner "
+                        "registers as pair-residual-<task>-smoke, never touching the aliases of pair-residual-<task>")
 
 
 def transfer_tasks(value: str, task: str) -> list[str]:

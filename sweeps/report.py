@@ -5,7 +5,8 @@ from __future__ import annotations
 import json
 from typing import Any, Callable
 
-from embed_lib.selection import TRANSFER_TOLERANCE, leaderboard, no_winner_reason, select_winner, to_markdown
+from embed_lib.selection import (TRANSFER_TOLERANCE, leaderboard, no_winner_reason, rule_text, select_winner,
+                                 to_markdown)
 from sweeps.trainable import final_metrics, resolve
 
 
@@ -95,20 +96,17 @@ def _board(done: list[dict[str, Any]], stopped: list[dict[str, Any]], space_keys
     log_fn(to_markdown(board[shown], top=10))
 
 
-def rule_text(tolerance: float) -> str:
-    return (f"validation delta > 0 on every seed; every transfer delta >= -{tolerance:g} on every seed; "
-            "best mean validation delta, near-ties to the smaller gamma")
-
-
-def _describe_version(task: str, version: str, result, tolerance: float, teacher: dict[str, Any] | None) -> dict:
+def _describe_version(task: str, name: str, version: str, result, tolerance: float,
+                      teacher: dict[str, Any] | None) -> dict:
     """Tags and description of the registered version: the rule and the figures it was chosen on."""
     import mlflow
 
-    from embed_lib.registry import model_name
+    from embed_lib.registry import SELECTION_METRIC
 
     s = result.summary
     transfer = {k.split("/")[1]: v for k, v in s.items() if k.startswith("transfer/") and k.endswith("/delta_min")}
     tags = {"winner_rule": rule_text(tolerance), "transfer_tolerance": repr(tolerance),
+            "val_spearman": repr(float(s[SELECTION_METRIC])),  # the served seed ensemble's, full precision
             "val_delta_mean": f"{s['delta_val_mean']:+.5f}", "val_delta_positive": f"{s['delta_val_positive']}/{s['n_seeds']}",
             **({"transfer_delta_min": f"{s['transfer_delta_min']:+.5f}"} if "transfer_delta_min" in s else {}),
             **{f"transfer_delta_min.{k}": f"{v:+.5f}" for k, v in transfer.items()}}
@@ -122,8 +120,8 @@ def _describe_version(task: str, version: str, result, tolerance: float, teacher
         if ce_version is not None:
             tags["teacher_model"] = f"models:/{ce_name(task)}/{ce_version}"
     for k, v in tags.items():
-        client.set_model_version_tag(model_name(task), version, k, v)
-    client.update_model_version(model_name(task), version, description=(
+        client.set_model_version_tag(name, version, k, v)
+    client.update_model_version(name, version, description=(
         f"{result.config.adapter} (target {result.config.target}, gamma {result.config.gamma:g}) on {task}: validation "
         f"delta {s['delta_val_mean']:+.4f} vs the frozen cosine ({s['delta_val_positive']}/{s['n_seeds']} seeds > 0), "
         f"test {s.get('delta_test_mean', float('nan')):+.4f}; worst transfer delta "
@@ -134,11 +132,12 @@ def _describe_version(task: str, version: str, result, tolerance: float, teacher
 
 def finish_sweep(results, data, fixed: dict[str, Any], space_keys: list[str], task: str, parent_run_id: str,
                  log_fn: Callable[[str], None] = print, tolerance: float = TRANSFER_TOLERANCE,
-                 teacher: dict[str, Any] | None = None) -> dict[str, Any]:
-    """Leaderboard and plots on the parent run; the do-no-harm winner retrained, tested once, registered."""
+                 teacher: dict[str, Any] | None = None, registered_name: str | None = None) -> dict[str, Any]:
+    """Leaderboard and plots on the parent run; the do-no-harm winner retrained, tested once, registered under
+    `registered_name` (default `pair-residual-<task>`), its alias decided by `registry.promote`."""
     import mlflow
 
-    from embed_lib.registry import SELECTION_METRIC, log_adapter_model, model_name, promote
+    from embed_lib.registry import evidence_of, log_adapter_model, model_name, promote
     from embed_lib.tracking import log_group
     from embed_lib.train import train_seed_group
 
@@ -158,18 +157,23 @@ def finish_sweep(results, data, fixed: dict[str, Any], space_keys: list[str], ta
         return out
     cfg, data = resolve(winner["config"], data, fixed)  # exactly what the winning trial trained
     result = train_seed_group(cfg, data)  # the only place test is evaluated
+    name = registered_name or model_name(task)
     with mlflow.start_run(run_name="winner", nested=True, parent_run_id=parent_run_id):
         log_group(result, data, teacher)
-        info = log_adapter_model(result, data, registered_name=model_name(task))
+        info = log_adapter_model(result, data, registered_name=name)
         version = str(info.registered_model_version)
-        alias = promote(model_name(task), version, result.summary[SELECTION_METRIC])
-        _describe_version(task, version, result, tolerance, teacher)
+        _describe_version(task, name, version, result, tolerance, teacher)
+        decision = promote(name, version, evidence_of(result, data, tolerance))
+    alias = decision.alias
     mlflow.set_tags({"winner": winner["trial"], "winner_version": version, "winner_alias": alias,
+                     "promotion_reason": decision.reason,
                      "mlflow.note.content": swept + f"Winner: trial {winner['trial']} ({cfg.adapter}, target "
                      f"{cfg.target}), validation delta {result.summary['delta_val_mean']:+.4f}, test delta "
-                     f"{result.summary['delta_test_mean']:+.4f}; registered {model_name(task)} version {version} "
-                     f"as '{alias}'. Leaderboard: leaderboard.md."})
-    out.update(winner=winner["trial"], version=version, alias=alias, config=cfg.to_dict(), summary=result.summary)
+                     f"{result.summary['delta_test_mean']:+.4f}; registered {name} version {version} "
+                     f"as '{alias}' ({decision.reason}; previous champion: "
+                     f"{(decision.previous or {}).get('version', 'none')}). Leaderboard: leaderboard.md."})
+    out.update(winner=winner["trial"], version=version, alias=alias, promotion_reason=decision.reason,
+               registered_name=name, config=cfg.to_dict(), summary=result.summary)
     s = result.summary
     transfer = ", ".join(f"{k.split('/')[1]} {v:+.4f}" for k, v in s.items()
                          if k.startswith("transfer/") and k.endswith("/delta_min"))
@@ -177,5 +181,6 @@ def finish_sweep(results, data, fixed: dict[str, Any], space_keys: list[str], ta
            f"{cfg.lambda_delta:.3g}, novelty_quantile {cfg.novelty_quantile:.3g}): val delta {s['delta_val_mean']:+.4f} "
            f"({s['delta_val_positive']}/{cfg.n_seeds} seeds positive), test delta {s['delta_test_mean']:+.4f} "
            f"({s['delta_test_positive']}/{cfg.n_seeds}); worst seed's transfer delta per task: {transfer or 'none'}; "
-           f"registered {model_name(task)} version {version} as '{alias}'")
+           f"registered {name} version {version} as '{alias}'")
+    log_fn(f"{name} version {version} -> '{alias}': {decision.reason}")
     return out

@@ -26,7 +26,8 @@ def _register(tracking_uri, data, seed0=0, manifest_override=None):
     import mlflow
 
     from embed_lib.config import AdapterConfig
-    from embed_lib.registry import log_adapter_model, model_name, promote
+    from embed_lib.promotion import with_figure
+    from embed_lib.registry import evidence_of, log_adapter_model, model_name, promote
     from embed_lib.train import train_seed_group
 
     from embed_lib.tracking import set_experiment
@@ -39,7 +40,8 @@ def _register(tracking_uri, data, seed0=0, manifest_override=None):
     name = model_name("stsb") if not manifest_override else "pair-residual-broken"
     with mlflow.start_run():
         info = log_adapter_model(result, data, registered_name=name)
-    promote(name, info.registered_model_version, result.summary["ensemble/val/spearman"] + seed0)  # later = better
+    evidence = evidence_of(result, data)
+    promote(name, info.registered_model_version, with_figure(evidence, evidence.figure + seed0))  # later = better
     return info.registered_model_version
 
 
@@ -285,6 +287,7 @@ def test_health_and_model_info(served):
                                                                           "model": f"pair-residual-stsb/{version}"}
     (info,) = requests.get(served["url"] + "/v1/models", timeout=30).json()["data"]
     assert info["name"] == "pair-residual-stsb" and info["alias"] == "champion" and info["version"] == version
+    assert info["promotion"]["reason"] and info["promotion"]["git_commit"]  # why this version serves
     assert info["encoder"]["encoder"] == "minilm" and info["task"] == "stsb"
     assert "ensemble/val/spearman" in info["validation"] and info["embedding_cache"]["size"] > 0
     assert info["limits"]["max_pairs"] == 8
@@ -386,6 +389,7 @@ def test_moving_the_champion_switches_models_without_dropping_requests(served, e
 
     from serving.app import build_app
 
+    before = _champion(served)
     version = _register(served["tracking_uri"], served["data"], seed0=7)  # better on validation by construction
     assert _champion(served) == str(version)
     codes, stop = [], threading.Event()
@@ -403,6 +407,10 @@ def test_moving_the_champion_switches_models_without_dropping_requests(served, e
         t.join()
     assert codes and set(codes) == {200}, codes
     assert requests.get(served["url"] + "/healthz", timeout=30).json()["model"] == f"pair-residual-stsb/{version}"
+    # /v1/models names the old and the new version and the reason the registry recorded for the move
+    (info,) = requests.get(served["url"] + "/v1/models", timeout=30).json()["data"]
+    assert info["promotion"]["alias"] == "champion" and info["promotion"]["reason"].startswith("promoted: better")
+    assert info["moved_from"] == {"version": before, "reason": info["promotion"]["reason"], "manual": False}
     # the sentences scored under version 1 had their projections cached: version 2 must not reuse them
     got = requests.post(served["url"] + "/v1/score", json={"pairs": PAIRS}, timeout=60).json()["data"]
     offline = _offline(served, encoder, PAIRS, f"models:/pair-residual-stsb/{version}")["score"]

@@ -16,6 +16,9 @@ def test_smoke_sweep_through_ray_job_submit(sweep_env):
     out = submit_sweep(sweep_env, "--task", "stsb", "--smoke-test")
     assert "SUCCEEDED" in out
     client = mlflow_client(sweep_env)
+    # a smoke test registers under a name of its own: the real model's aliases are never touched
+    assert "registered pair-residual-stsb-smoke version 1 as 'champion'" in out
+    assert client.search_model_versions("name='pair-residual-stsb'") == []
     exp = client.get_experiment_by_name("sweep-stsb")
     (parent,) = client.search_runs([exp.experiment_id], "tags.sweep = 'pair_residual-stsb-smoke'")
     assert parent.info.status == "FINISHED"
