@@ -39,14 +39,22 @@ def _data_source() -> str:
 
 
 DATA_SOURCE = _data_source()
+# decided once, in the process that starts the session: pytest-xdist's workers inherit the decision (and the made
+# set's directory), never re-derive it from a path. A worker that looked at the made set's EMBED_DATA_DIR would take
+# it for the mirror and hold it to the mirror's published figures
+os.environ["EMBED_TEST_DATA"] = DATA_SOURCE
 if DATA_SOURCE == "mirror":  # offline, as CI runs
     os.environ["EMBED_DATA_DIR"] = str(DATA_DIR)
     os.environ.setdefault("HF_HUB_OFFLINE", "1")
 elif DATA_SOURCE == "made":  # offline as well: the files are the tests' own
-    from tests.made_data import write_mirror
+    if os.environ.get("EMBED_TEST_MADE_DIR"):  # an xdist worker: the set the controller made
+        DATA_DIR = Path(os.environ["EMBED_TEST_MADE_DIR"])
+    else:
+        from tests.made_data import write_mirror
 
-    DATA_DIR = write_mirror(Path(tempfile.mkdtemp(prefix="embed-made-data-")))
-    _OWN_TEMP_DIRS.append(DATA_DIR)
+        DATA_DIR = write_mirror(Path(tempfile.mkdtemp(prefix="embed-made-data-")))
+        _OWN_TEMP_DIRS.append(DATA_DIR)
+        os.environ["EMBED_TEST_MADE_DIR"] = str(DATA_DIR)
     os.environ.update(EMBED_DATA_DIR=str(DATA_DIR), HF_HUB_OFFLINE="1")
 else:
     os.environ.pop("EMBED_DATA_DIR", None)
@@ -71,7 +79,7 @@ CACHE_DIR = Path(os.environ.setdefault("EMBED_CACHE_DIR", str(REPO / ".cache" / 
 def pytest_unconfigure(config) -> None:
     import shutil
 
-    from embed_lib.cli_args import skip_exit_collection
+    from embed_lib.cli.args import skip_exit_collection
 
     for d in _OWN_TEMP_DIRS:
         shutil.rmtree(d, ignore_errors=True)
@@ -127,7 +135,7 @@ def mirror_figures():
 
 @pytest.fixture(scope="session")
 def encoder():
-    from embed_lib.encoders import FrozenEncoder
+    from embed_lib.encoding.encoders import FrozenEncoder
 
     return FrozenEncoder()
 
@@ -135,10 +143,10 @@ def encoder():
 @pytest.fixture(scope="session")
 def stsb_embedded(data_dir):
     """STS-B, all splits, through the shared cache (encodes once per machine)."""
-    from embed_lib.cache import EmbeddingCache, embed_task
-    from embed_lib.study import LazyEncoder
+    from embed_lib.encoding.cache import EmbeddingCache, embed_task
+    from embed_lib.pipeline.prepare import LazyEncoder
     from embed_lib.config import EncoderConfig
-    from embed_lib.tasks import load_splits
+    from embed_lib.data.tasks import load_splits
 
     lazy = LazyEncoder(EncoderConfig())
     cache = EmbeddingCache(lazy.manifest(CACHE_DIR), CACHE_DIR)
