@@ -101,6 +101,7 @@ retrieval: venv
 TEST_WORKERS ?= 2
 test: venv
 	@echo "$(DATA_NOTE)"
+	$(BIN)/lint-imports  # the architecture contracts (pyproject.toml): an import against them fails the suite
 	$(BIN)/python -m pytest -q $(if $(filter 0,$(TEST_WORKERS)),,-n $(TEST_WORKERS) --dist loadfile --no-loadscope-reorder)
 
 ## the API fuzz run alone (2000 generated bodies; part of `make test` too) -> results/benchmarks/fuzz.json

@@ -17,8 +17,15 @@ import statistics
 import time
 
 import numpy as np
+import torch
 
 from benchmarks._common import write_results
+from embed_lib.config import EncoderConfig
+from embed_lib.data.tasks import SPLITS, load_splits, load_task
+from embed_lib.encoding.encoders import FrozenEncoder
+from embed_lib.teacher.config import teacher_preset
+from embed_lib.teacher.cross_encoder import PairCrossEncoder, served_dir
+from embed_lib.training.metrics import spearman
 
 BACKENDS = ("torch", "onnx", "onnx-int8")
 
@@ -37,10 +44,6 @@ def _cos(a: np.ndarray, b: np.ndarray) -> np.ndarray:
 
 
 def _encoders(test, repeats: int) -> dict:
-    from embed_lib.config import EncoderConfig
-    from embed_lib.encoders import FrozenEncoder
-    from embed_lib.metrics import spearman
-
     texts = list(dict.fromkeys(list(test.sentence1) + list(test.sentence2)))
     at = {t: i for i, t in enumerate(texts)}
     ia, ib = [at[t] for t in test.sentence1], [at[t] for t in test.sentence2]
@@ -59,9 +62,6 @@ def _encoders(test, repeats: int) -> dict:
 
 
 def _cross_encoders(test, repeats: int, ce_path: str) -> dict:
-    from embed_lib.cross_encoder import PairCrossEncoder
-    from embed_lib.metrics import spearman
-
     pairs = list(zip(test.sentence1, test.sentence2))
     models = {b: PairCrossEncoder(ce_path, backend=b) for b in BACKENDS}
     rows = {}
@@ -76,10 +76,6 @@ def _cross_encoders(test, repeats: int, ce_path: str) -> dict:
 
 
 def _served_teacher_dir() -> str | None:
-    from embed_lib.cross_encoder import served_dir
-    from embed_lib.tasks import SPLITS, load_splits
-    from embed_lib.teacher import teacher_preset
-
     folder = served_dir(teacher_preset("light"), load_splits("stsb", SPLITS))
     return str(folder) if (folder / "teacher.json").is_file() else None
 
@@ -89,9 +85,6 @@ def main() -> None:
     ap.add_argument("--repeats", type=int, default=3)
     ap.add_argument("--threads", type=int, default=2)
     args = ap.parse_args()
-    import torch
-
-    from embed_lib.tasks import load_task
 
     torch.set_num_threads(args.threads)
     test = load_task("stsb", "test")

@@ -1,4 +1,4 @@
-"""Batches of similar length against fixed chunks, side by side, for both transformers (embed_lib.batching).
+"""Batches of similar length against fixed chunks, side by side, for both transformers (embed_lib.encoding.batching).
 
 Calls of the sizes a service makes: a cascade sends the cross-encoder a few pairs of each request (3 of 32 at
 b = 0.1, ~26 once Serve batches 8 requests), a cold request brings the encoder a few dozen new sentences, a
@@ -20,9 +20,15 @@ import statistics
 import time
 
 import numpy as np
+import torch
 
 from benchmarks._common import write_results
-from embed_lib.batching import SLACK
+from benchmarks.backends import _served_teacher_dir
+from embed_lib.config import EncoderConfig
+from embed_lib.data.tasks import load_task
+from embed_lib.encoding.batching import SLACK
+from embed_lib.encoding.encoders import FrozenEncoder
+from embed_lib.teacher.cross_encoder import PairCrossEncoder
 
 SIZES = (3, 26, 64, 256)
 
@@ -73,13 +79,6 @@ def main() -> None:
     ap.add_argument("--seconds", type=float, default=3.0, help="per measurement (default 3)")
     ap.add_argument("--rounds", type=int, default=3)
     args = ap.parse_args()
-    import torch
-
-    from benchmarks.backends import _served_teacher_dir
-    from embed_lib.config import EncoderConfig
-    from embed_lib.cross_encoder import PairCrossEncoder
-    from embed_lib.encoders import FrozenEncoder
-    from embed_lib.tasks import load_task
 
     torch.set_num_threads(1)
     test = load_task("stsb", "test")

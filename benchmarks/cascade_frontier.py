@@ -1,9 +1,9 @@
 """The quality-cost frontier of the cascade: Spearman against pairs/s as the cross-encoder budget grows.
 
 Per task (STS-B test, QQP test): a pair_gated adapter with the ce_margin target (5 seeds, on the K-fold
-teacher's held-out margins) scores every pair; the served teacher (`embed_lib.cross_encoder`: one
+teacher's held-out margins) scores every pair; the served teacher (`embed_lib.teacher.cross_encoder`: one
 cross-encoder on all of train, calibrated to the cosine's scale) re-scores a fraction b of them, chosen
-by each routing policy of `embed_lib.cascade` (difficulty, random, cosine_middle), for b in
+by each routing policy of `embed_lib.training.cascade` (difficulty, random, cosine_middle), for b in
 {0, 0.05, 0.1, 0.2, 0.5, 1}. Spearman per seed (the adapter's seed, and the random policy's), mean and
 spread. The cost side is measured through Ray Serve: the adapter registered in a temporary MLflow store,
 the teacher as the app's cross-encoder, closed-loop load of 32-pair requests at concurrency 8 with warm
@@ -22,12 +22,29 @@ from __future__ import annotations
 
 import argparse
 import os
+import statistics
 import tempfile
 
+import matplotlib
+import matplotlib.pyplot as plt
+import mlflow
 import numpy as np
+import requests
+import torch
 
 from benchmarks._common import REPO, write_results
-from benchmarks.serve_bench import Bodies, direct_ingress_port, run_load
+from benchmarks.load import Bodies, direct_ingress_port, run_load
+from embed_lib.config import AdapterConfig
+from embed_lib.data.tasks import SPLITS, load_splits, load_task
+from embed_lib.pipeline.prepare import load_study
+from embed_lib.teacher.config import teacher_preset as preset
+from embed_lib.teacher.cross_encoder import PairCrossEncoder, calibrate, served_teacher
+from embed_lib.tracking.registry import log_adapter_model
+from embed_lib.tracking.runs import default_tracking_uri, set_experiment
+from embed_lib.training.cascade import COMBINE, POLICIES, mix, route
+from embed_lib.training.export import load_adapter, save_adapter
+from embed_lib.training.metrics import spearman
+from embed_lib.training.seed_group import train_seed_group
 
 BUDGETS = (0.0, 0.05, 0.1, 0.2, 0.5, 1.0)
 SEEDS = (0, 1, 2, 3, 4)
@@ -36,18 +53,6 @@ SEEDS = (0, 1, 2, 3, 4)
 def _quality(task: str, teacher_preset: str, backend: str = "torch") -> dict:
     """Per-seed test scores and gates of a ce_margin-gated adapter, the served teacher's calibrated test
     scores, and the Spearman of every (policy, budget) point."""
-    import torch
-
-    from embed_lib.cascade import COMBINE, POLICIES, mix, route
-    from embed_lib.config import AdapterConfig
-    from embed_lib.cross_encoder import calibrate, served_teacher
-    from embed_lib.export import load_adapter, save_adapter
-    from embed_lib.metrics import spearman
-    from embed_lib.study import load_study
-    from embed_lib.tasks import SPLITS, load_splits
-    from embed_lib.teacher import teacher_preset as preset
-    from embed_lib.train import train_seed_group
-
     teacher = preset(teacher_preset)
     data, record = load_study(task, teacher=teacher, progress=lambda m: print(f"[{task}] {m}", flush=True))
     splits = load_splits(task, SPLITS)
@@ -67,7 +72,6 @@ def _quality(task: str, teacher_preset: str, backend: str = "torch") -> dict:
     if backend == "torch":  # the served teacher's recorded test logits
         z = np.load(folder / "scores.npz")["test"]
     else:  # the backend the service will run
-        from embed_lib.cross_encoder import PairCrossEncoder
 
         z = PairCrossEncoder(folder, backend=backend).logits(list(zip(splits["test"].sentence1, splits["test"].sentence2)))
     ce = calibrate(z, served["calibration"])
@@ -94,31 +98,11 @@ def _quality(task: str, teacher_preset: str, backend: str = "torch") -> dict:
 
 
 def _register(task: str, state, tracking: str) -> str:
-    import mlflow
-
-    from embed_lib.registry import log_adapter_model
-    from embed_lib.tracking import set_experiment
-
     cfg, result, data = state
     set_experiment("cascade-frontier", tracking)  # a new store: artifacts beside it, never in ./mlruns
     with mlflow.start_run():
         info = log_adapter_model(result, data, registered_name=f"frontier-{task}")
     return f"models:/frontier-{task}/{info.registered_model_version}"
-
-
-class CascadeBodies(Bodies):
-    """serve_bench's warm 32-pair requests, each with a cascade budget (routing_seed varies per request, so
-    the budget's rounding averages out); budget None: no cascade."""
-
-    def __init__(self, sentences: list[str], budget: float | None, scorer: str = "adapter", n: int = 32) -> None:
-        super().__init__("warm", sentences, n, scorer)
-        self.budget = budget
-
-    def __call__(self, k: int, i: int):
-        body, n = super().__call__(k, i)
-        if self.budget is not None:
-            body.update(budget=self.budget, routing="difficulty", routing_seed=i)
-        return body, n
 
 
 def _throughput(task: str, model_uri: str, tracking: str, ce_dir: str, backend: str, seconds: float,
@@ -127,12 +111,9 @@ def _throughput(task: str, model_uri: str, tracking: str, ce_dir: str, backend: 
     """Pairs/s (and p99) per budget and of the cross-encoder alone, for each cross-encoder placement (one
     application each, side by side, every point measured for one placement then the next), median over
     `rounds`; and per round, each placement's cascade at b = 0.1 against its own cross-encoder alone."""
-    import statistics
-
-    import requests
+    # lazy: Serve's and Ray's settings are put in the environment before Ray is first imported
     from ray import serve
 
-    from embed_lib.tasks import load_task
     from serving.app import build_app
 
     sentences = load_task(task, "test").texts()[:2000]
@@ -153,11 +134,11 @@ def _throughput(task: str, model_uri: str, tracking: str, ce_dir: str, backend: 
     for r in range(rounds):
         for b in BUDGETS:
             for pl, url in urls.items():
-                res = run_load(url, CascadeBodies(sentences, b), 8, seconds)
+                res = run_load(url, Bodies("warm", sentences, 32, budget=b), 8, seconds)
                 runs[pl]["by_budget"][b].append(res)
                 print(task, f"round {r}", pl, "budget", b, res, flush=True)
         for pl, url in urls.items():
-            res = run_load(url, CascadeBodies(sentences, None, "cross_encoder"), 8, seconds)
+            res = run_load(url, Bodies("warm", sentences, 32, "cross_encoder"), 8, seconds)
             runs[pl]["cross_encoder"].append(res)
             print(task, f"round {r}", pl, "cross-encoder alone", res, flush=True)
     for name in names.values():
@@ -176,10 +157,7 @@ def _throughput(task: str, model_uri: str, tracking: str, ce_dir: str, backend: 
     return {**out[placements[0]], "by_placement": out}
 
 def _plot(results: dict, path) -> None:
-    import matplotlib
-
     matplotlib.use("Agg")
-    import matplotlib.pyplot as plt
 
     fig, axes = plt.subplots(1, len(results), figsize=(6.5 * len(results), 4.8), squeeze=False)
     for ax, (task, r) in zip(axes[0], results.items()):
@@ -243,14 +221,7 @@ def main() -> None:
                     p["pairs_per_s"] = round(t["by_budget"][p["budget"]]["pairs_per_s"], 1)
             r["cross_encoder_pairs_per_s"] = round(t["cross_encoder"]["pairs_per_s"], 1)
             r["p99_ms_by_budget"] = {str(b): t["by_budget"][b]["p99_ms"] for b in BUDGETS}
-            r["throughput_by_placement"] = {pl: {
-                "pairs_per_s_by_budget": {str(b): round(v["by_budget"][b]["pairs_per_s"], 1) for b in BUDGETS},
-                "cross_encoder_pairs_per_s": round(v["cross_encoder"]["pairs_per_s"], 1),
-                "ratio_at_0.1_by_round": v["ratio_at_0.1_by_round"], "ratio_at_0.1_median": v["ratio_at_0.1_median"],
-                # the ceiling at b = 0.1 from the same placement's points: 1 / (b + ce / warm at b = 0)
-                "ceiling_at_0.1": round(1 / (0.1 + v["cross_encoder"]["pairs_per_s"]
-                                              / v["by_budget"][0.0]["pairs_per_s"]), 2)}
-                for pl, v in t["by_placement"].items()}
+            r["throughput_by_placement"] = _by_placement(t)
         serve.shutdown()
         ray.shutdown()
     summary = _summarise(results, args)
@@ -262,6 +233,17 @@ def main() -> None:
         png = out.with_suffix(".png")
         _plot(results, png)
         _log_mlflow(out, png)
+
+
+def _by_placement(t: dict) -> dict:
+    """Each cross-encoder placement's points, its ratio at b = 0.1 per round and the ceiling at b = 0.1 from the
+    same placement's points: 1 / (b + ce / warm at b = 0)."""
+    return {pl: {"pairs_per_s_by_budget": {str(b): round(v["by_budget"][b]["pairs_per_s"], 1) for b in BUDGETS},
+                 "cross_encoder_pairs_per_s": round(v["cross_encoder"]["pairs_per_s"], 1),
+                 "ratio_at_0.1_by_round": v["ratio_at_0.1_by_round"], "ratio_at_0.1_median": v["ratio_at_0.1_median"],
+                 "ceiling_at_0.1": round(1 / (0.1 + v["cross_encoder"]["pairs_per_s"]
+                                              / v["by_budget"][0.0]["pairs_per_s"]), 2)}
+            for pl, v in t["by_placement"].items()}
 
 
 def _summarise(results: dict, args) -> dict:
@@ -287,10 +269,6 @@ def _summarise(results: dict, args) -> dict:
 
 
 def _log_mlflow(json_path, png_path) -> None:
-    import mlflow
-
-    from embed_lib.tracking import default_tracking_uri, set_experiment
-
     set_experiment("cascade-frontier", os.environ.get("MLFLOW_TRACKING_URI") or default_tracking_uri())
     with mlflow.start_run(run_name="cascade-frontier"):
         mlflow.log_artifact(str(json_path))

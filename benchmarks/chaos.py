@@ -11,17 +11,26 @@ import tempfile
 import threading
 import time
 
-from benchmarks._common import write_results
+import mlflow
+import requests
 
+from benchmarks._common import write_results
+from embed_lib.config import AdapterConfig
+from embed_lib.pipeline.prepare import load_study
+from embed_lib.tracking.registry import evidence_of, log_adapter_model, promote
+from embed_lib.tracking.runs import set_experiment
+from embed_lib.training.seed_group import train_seed_group
 
 
 def _actors(name_part: str):
+    # lazy: Serve's and Ray's settings are put in the environment before Ray is first imported
     from ray.util.state import list_actors
 
     return [a for a in list_actors(filters=[("state", "=", "ALIVE")], limit=1000) if name_part in a.class_name]
 
 
 def trial_worker_kill(data) -> dict:
+    # lazy: Serve's and Ray's settings are put in the environment before Ray is first imported
     from ray import tune
 
     from sweeps.trainable import make_trainable
@@ -51,14 +60,9 @@ def trial_worker_kill(data) -> dict:
 
 
 def serve_replica_kill(data, seconds: float = 20.0) -> dict:
-    import mlflow
-    import requests
+    # lazy: Serve's and Ray's settings are put in the environment before Ray is first imported
     from ray import serve
 
-    from embed_lib.config import AdapterConfig
-    from embed_lib.registry import evidence_of, log_adapter_model, promote
-    from embed_lib.tracking import set_experiment
-    from embed_lib.train import train_seed_group
     from serving.app import build_app
 
     tracking = f"sqlite:///{tempfile.mkdtemp()}/mlflow.db"
@@ -105,9 +109,8 @@ def serve_replica_kill(data, seconds: float = 20.0) -> dict:
 
 
 def main() -> None:
+    # lazy: Serve's and Ray's settings are put in the environment before Ray is first imported
     import ray
-
-    from embed_lib.study import load_study
 
     from serving.serve_env import apply_serve_env
 

@@ -22,7 +22,13 @@ import argparse
 import statistics
 import time
 
+import torch
+
 from benchmarks._common import write_results
+from embed_lib.config import EncoderConfig
+from embed_lib.data.tasks import load_task
+from embed_lib.encoding.encoders import FrozenEncoder
+from embed_lib.teacher.cross_encoder import PairCrossEncoder
 
 
 def main() -> None:
@@ -34,12 +40,6 @@ def main() -> None:
     ap.add_argument("--pairs", type=int, default=1024, help="STS-B test pairs timed per round (default 1024)")
     ap.add_argument("--cross-encoder", default="minilm", help="cross-encoder id or folder (default minilm)")
     args = ap.parse_args()
-    import torch
-
-    from embed_lib.config import EncoderConfig
-    from embed_lib.cross_encoder import PairCrossEncoder
-    from embed_lib.encoders import FrozenEncoder
-    from embed_lib.tasks import load_task
 
     torch.set_num_threads(args.threads)
     test = load_task("stsb", "test")

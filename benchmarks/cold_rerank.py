@@ -25,7 +25,9 @@ import statistics
 import tempfile
 
 from benchmarks._common import write_results
-from benchmarks.serve_bench import Bodies, _register, _serve, run_load
+from benchmarks.load import Bodies, run_load
+from benchmarks.serve_bench import _register, _serve
+from embed_lib.data.tasks import load_task
 
 SHAPES = ("pairs", "rerank")
 
@@ -59,6 +61,7 @@ def _parse_args():
 
 def main() -> None:
     args = _parse_args()
+    # lazy: Serve's and Ray's settings are put in the environment before Ray is first imported
     from serving.serve_env import apply_serve_env
 
     if args.direct_ingress:
@@ -66,8 +69,6 @@ def main() -> None:
     apply_serve_env()
     import ray
     from ray import serve
-
-    from embed_lib.tasks import load_task
 
     tmp = tempfile.mkdtemp()
     tracking = f"sqlite:///{tmp}/mlflow.db"

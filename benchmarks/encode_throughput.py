@@ -9,10 +9,9 @@ import argparse
 import time
 
 from benchmarks._common import write_results
-
 from embed_lib.config import EncoderConfig
-from embed_lib.encoders import FrozenEncoder
-from embed_lib.tasks import load_task
+from embed_lib.data.tasks import load_task
+from embed_lib.encoding.encoders import FrozenEncoder
 
 
 def main() -> None:

@@ -24,14 +24,19 @@ import os
 import numpy as np
 
 from benchmarks._common import REPO, write_results
+from embed_lib.config import EncoderConfig
+from embed_lib.data.tasks import load_splits
+from embed_lib.pipeline.prepare import load_study
+from embed_lib.teacher.config import teacher_preset
+from embed_lib.teacher.scores import error_correlation, rank_average, teacher_scores
+from embed_lib.training.metrics import spearman
+from embed_lib.training.signals import rank_normalise
 
 SPLITS = ("validation", "test")
 
 
 def _noise_for(spearman_target: float, ry: np.ndarray, rng: np.random.Generator) -> float:
     """The noise scale sigma for which r(y) + sigma * N(0, 1) has the target Spearman with y (bisection)."""
-    from embed_lib.metrics import spearman
-
     z = rng.standard_normal(len(ry))
     lo, hi = 1e-4, 10.0
     for _ in range(40):
@@ -42,9 +47,6 @@ def _noise_for(spearman_target: float, ry: np.ndarray, rng: np.random.Generator)
 
 def independent_null(rho_a: float, rho_b: float, y: np.ndarray, draws: int, seed: int = 0) -> float:
     """Mean rank-error correlation of two scorers with Spearman rho_a, rho_b and independent errors."""
-    from embed_lib.signals import rank_normalise
-    from embed_lib.teacher import error_correlation
-
     rng = np.random.default_rng(seed)
     ry = rank_normalise(y).astype(np.float64)
     sa, sb = _noise_for(rho_a, ry, rng), _noise_for(rho_b, ry, rng)
@@ -59,12 +61,6 @@ def main() -> None:
     ap.add_argument("--teacher-preset", default="light", help="the K-fold teacher's recipe (default light)")
     ap.add_argument("--draws", type=int, default=20, help="draws of the independent-error null (default 20)")
     args = ap.parse_args()
-
-    from embed_lib.config import EncoderConfig
-    from embed_lib.metrics import spearman
-    from embed_lib.study import load_study
-    from embed_lib.teacher import error_correlation, rank_average, teacher_preset, teacher_scores
-    from embed_lib.tasks import load_splits
 
     first, _ = load_study(args.task)
     second, _ = load_study(args.task, EncoderConfig(model=args.encoder2))

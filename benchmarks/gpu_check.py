@@ -8,17 +8,16 @@ import dataclasses
 import time
 
 import torch
-from benchmarks._common import write_results
 
+from benchmarks._common import write_results
+from embed_lib.config import AdapterConfig, EncoderConfig
+from embed_lib.data.tasks import load_task
+from embed_lib.encoding.encoders import FrozenEncoder
+from embed_lib.pipeline.prepare import load_study
+from embed_lib.training.seed_group import train_seed_group
 
 
 def main() -> None:
-    from embed_lib.config import AdapterConfig, EncoderConfig
-    from embed_lib.encoders import FrozenEncoder
-    from embed_lib.study import load_study
-    from embed_lib.tasks import load_task
-    from embed_lib.train import train_seed_group
-
     gpu = torch.cuda.is_available()
     figures: dict = {"cuda": gpu, "device_name": torch.cuda.get_device_name(0) if gpu else None}
     texts = load_task("stsb", "train").texts()[:4000]

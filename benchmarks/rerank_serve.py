@@ -1,5 +1,5 @@
 """The re-ranking check through the served API: the frozen cosine's top-k of a BEIR-Quora-style QQP set
-(embed_lib.retrieval) sent to `POST /v1/rerank` of a running service (`make serve`), ranked by the
+(embed_lib.training.retrieval) sent to `POST /v1/rerank` of a running service (`make serve`), ranked by the
 returned relevance scores; nDCG@10 / MRR@10 / Recall@100 beside the frozen cosine and beside the same
 adapter ensemble re-ranking in-process (they must agree: the service scores with that ensemble).
 
@@ -13,14 +13,14 @@ import time
 import urllib.request
 
 import numpy as np
-from benchmarks._common import write_results
 
-from embed_lib import retrieval as R
+from benchmarks._common import write_results
 from embed_lib.config import EncoderConfig
-from embed_lib.registry import load_registered
-from embed_lib.study import LazyEncoder
-from embed_lib.tasks import load_splits
-from embed_lib.tracking import default_tracking_uri
+from embed_lib.data.tasks import load_splits
+from embed_lib.pipeline.prepare import LazyEncoder, embed_retrieval_set
+from embed_lib.tracking.registry import load_registered
+from embed_lib.tracking.runs import default_tracking_uri
+from embed_lib.training import retrieval as R
 
 
 def rerank_http(url: str, query: str, documents: list[str]) -> list[int]:
@@ -42,7 +42,7 @@ def main() -> None:
     args = p.parse_args()
 
     split = load_splits(args.task, (args.split,))[args.split]
-    rs, V = R.embed_retrieval_set(split, LazyEncoder(EncoderConfig()))
+    rs, V = embed_retrieval_set(split, LazyEncoder(EncoderConfig()))
     queries, relevant = rs.queries[: args.queries], rs.relevant[: args.queries]
     top = R.cosine_top_k(V, queries, args.top_k)
     q, k = top.shape

@@ -16,10 +16,10 @@ import time
 import urllib.request
 
 import numpy as np
-from benchmarks._common import write_results
 from scipy import stats
 
-from embed_lib.tasks import load_splits
+from benchmarks._common import write_results
+from embed_lib.data.tasks import load_splits
 
 
 def score_http(url: str, pairs: list[tuple[str, str]], chunk: int) -> tuple[np.ndarray, np.ndarray]:

@@ -8,11 +8,12 @@ import dataclasses
 import time
 
 import torch
-from benchmarks._common import write_results
 
+from benchmarks._common import write_results
 from embed_lib.config import AdapterConfig
-from embed_lib.study import load_study
-from embed_lib.train import train_seed_group
+from embed_lib.pipeline.prepare import load_study
+from embed_lib.teacher.config import TeacherConfig
+from embed_lib.training.seed_group import train_seed_group
 
 
 def main() -> None:
@@ -22,7 +23,6 @@ def main() -> None:
     p.add_argument("--threads", type=int, default=1)
     args = p.parse_args()
     torch.set_num_threads(args.threads)
-    from embed_lib.teacher import TeacherConfig
 
     data, _ = load_study("stsb", teacher=TeacherConfig() if args.target == "ce_margin" else None)
     cfg = AdapterConfig(adapter="pair_gated", target=args.target, n_seeds=5, epochs=args.epochs)

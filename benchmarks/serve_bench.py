@@ -27,130 +27,28 @@ from __future__ import annotations
 
 import argparse
 import json
-import multiprocessing as mp
 import os
-import random
 import statistics
 import tempfile
-import time
-import zlib
+
+import mlflow
+import numpy as np
+import requests
+from sentence_transformers import CrossEncoder
 
 from benchmarks._common import write_results
-
+from benchmarks.load import Bodies, direct_ingress_port, one_thread_pairs_per_s, run_load
+from embed_lib.config import AdapterConfig, EncoderConfig
+from embed_lib.data.tasks import load_task
+from embed_lib.encoding.weights import resolve_model
+from embed_lib.pipeline.prepare import load_study
+from embed_lib.tracking.registry import evidence_of, load_registered, log_adapter_model, promote
+from embed_lib.tracking.runs import set_experiment
+from embed_lib.training.export import ensemble_scores
+from embed_lib.training.seed_group import train_seed_group
 
 #: the cascade cell's cross-encoder budget (the issue's target: >= 8x the cross-encoder's pairs/s at b = 0.1)
 CASCADE_BUDGET = 0.1
-
-
-def _load(url: str, body_fn, concurrency: int, seconds: float, out: mp.Queue) -> None:
-    """Closed loop in a separate process: `concurrency` aiohttp clients, each sends its next request on a reply
-    (an asyncio client: a thread-per-connection client would spend the 2 cores on itself)."""
-    import asyncio
-
-    import aiohttp
-
-    lat, pairs, errors, statuses = [], [0], [0], {}
-
-    async def worker(session, k: int, stop: float) -> None:
-        i = 0
-        while time.time() < stop:
-            body, n = body_fn(k, i)
-            t = time.perf_counter()
-            async with session.post(url, json=body) as r:
-                text = await r.read()
-                ok = r.status == 200
-            dt = time.perf_counter() - t
-            if ok:
-                lat.append(dt)
-                pairs[0] += n
-            else:  # which failure: its status, and the first body of each status (the service's error body)
-                errors[0] += 1
-                seen = statuses.setdefault(str(r.status),
-                                           {"count": 0, "first_body": text[:300].decode("utf-8", "replace")})
-                seen["count"] += 1
-            i += 1
-
-    async def main() -> float:
-        timeout = aiohttp.ClientTimeout(total=120)
-        async with aiohttp.ClientSession(timeout=timeout, connector=aiohttp.TCPConnector(limit=concurrency)) as session:
-            t0 = time.time()
-            await asyncio.gather(*[worker(session, k, t0 + seconds) for k in range(concurrency)])
-            return time.time() - t0
-
-    cpu0 = time.process_time()
-    wall = asyncio.run(main())
-    client_cpu = time.process_time() - cpu0
-    lat.sort()
-    out.put({"requests": len(lat), "errors": errors[0], **({"error_statuses": statuses} if statuses else {}),
-             "pairs_per_s": pairs[0] / wall,
-             "client_cores": client_cpu / wall,
-             "p50_ms": 1000 * statistics.median(lat) if lat else None,
-             "p99_ms": 1000 * lat[min(len(lat) - 1, int(0.99 * len(lat)))] if lat else None})
-
-
-class Bodies:
-    """Picklable request factories (the load runs in another process)."""
-
-    def __init__(self, kind: str, sentences: list[str], n_pairs: int, scorer: str = "adapter", salt: str = "",
-                 budget: float | None = None) -> None:
-        self.kind, self.sentences, self.n, self.scorer, self.salt = kind, sentences, n_pairs, scorer, salt
-        self.budget = budget
-
-    def __call__(self, k: int, i: int):
-        m, pairs = len(self.sentences), []
-        for j in range(self.n):  # cold: sentences never seen before (the encoder must run)
-            a, b = self.sentences[(k * 97 + i * 31 + j) % m], self.sentences[(k * 13 + i * 7 + j + 1) % m]
-            pairs.append([self._new(a, f"{k}-{i}-{j}a"), self._new(b, f"{k}-{i}-{j}b")] if self.kind == "cold" else [a, b])
-        body = {"pairs": pairs, "scorer": self.scorer}
-        if self.budget is not None:  # a cascade: routing_seed varies per request, so the budget's rounding averages out
-            body.update(budget=self.budget, routing="difficulty", routing_seed=i)
-        return body, self.n
-
-    def _new(self, sentence: str, key: str) -> str:
-        """The sentence's words in an order seeded by (salt, key): a text the service has not seen, of the same
-        length as the warm ones (a prefix would lengthen every cold text and slow the encoder unfairly)."""
-        words = sentence.split()
-        random.Random(zlib.crc32(f"{self.salt}{key}".encode())).shuffle(words)
-        return " ".join(words)
-
-
-def run_load(url, bodies, concurrency, seconds):
-    q = mp.get_context("spawn").Queue()
-    p = mp.get_context("spawn").Process(target=_load, args=(url, bodies, concurrency, seconds, q))
-    p.start()
-    res = q.get(timeout=seconds + 300)
-    p.join()
-    return res
-
-
-def _one_thread_pairs_per_s(score, seconds: float) -> float:
-    """Pairs/s of `score()` (32 pairs a call) called back to back in this process on one torch thread."""
-    import torch
-
-    threads = torch.get_num_threads()
-    torch.set_num_threads(1)
-    try:
-        score()
-        t, n = time.perf_counter(), 0
-        while time.perf_counter() - t < seconds:
-            score()
-            n += 32
-        return n / (time.perf_counter() - t)
-    finally:
-        torch.set_num_threads(threads)
-
-
-def direct_ingress_port(app: str) -> int:
-    """The HTTP port the application's ingress replica serves on under direct ingress (asked of the Serve
-    controller: `get_target_groups` is what Serve's own HAProxy manager reads; Ray has no public call for it)."""
-    import ray
-    from ray.serve._private.constants import SERVE_CONTROLLER_NAME, SERVE_NAMESPACE
-
-    controller = ray.get_actor(SERVE_CONTROLLER_NAME, namespace=SERVE_NAMESPACE)
-    for group in ray.get(controller.get_target_groups.remote(app)):
-        if str(group.protocol).upper().endswith("HTTP") and group.targets:
-            return group.targets[0].port
-    raise RuntimeError(f"no direct-ingress HTTP target for application {app!r}")
 
 
 def _parse_args():
@@ -186,14 +84,6 @@ def _parse_args():
 
 def _register(tracking: str, encoder_backend: str = "torch"):
     """A pair-gated adapter trained on STS-B, registered as the champion; returns the study data."""
-    import mlflow
-
-    from embed_lib.config import AdapterConfig, EncoderConfig
-    from embed_lib.registry import evidence_of, log_adapter_model, promote
-    from embed_lib.study import load_study
-    from embed_lib.tracking import set_experiment
-    from embed_lib.train import train_seed_group
-
     set_experiment("serve-bench", tracking)  # a new store: artifacts beside it, never in ./mlruns
     data, _ = load_study("stsb", EncoderConfig(backend=encoder_backend))
     result = train_seed_group(AdapterConfig(adapter="pair_gated", target="lexical", epochs=3), data)
@@ -205,20 +95,13 @@ def _register(tracking: str, encoder_backend: str = "torch"):
 
 def _in_process(dim: int, sentences: list[str], cross_encoder: str) -> tuple[float, float]:
     """Pairs/s on one thread, no Serve, no HTTP: the adapter on cached vectors, the cross-encoder on texts."""
-    import numpy as np
-    from sentence_transformers import CrossEncoder
-
-    from embed_lib.encoders import resolve_model
-    from embed_lib.export import ensemble_scores
-    from embed_lib.registry import load_registered
-
     model, _, _ = load_registered("models:/pair-residual-stsb@champion")
     xa = np.random.default_rng(0).standard_normal((32, dim)).astype(np.float32)
     xb = xa[::-1].copy()
-    adapter = _one_thread_pairs_per_s(lambda: ensemble_scores(model, xa, xb), 2.0)
+    adapter = one_thread_pairs_per_s(lambda: ensemble_scores(model, xa, xb), 2.0)
     ce = CrossEncoder(resolve_model(cross_encoder), device="cpu")
     ce_pairs = [[sentences[j], sentences[j + 1]] for j in range(32)]
-    return adapter, _one_thread_pairs_per_s(lambda: ce.predict(ce_pairs, batch_size=32, show_progress_bar=False), 4.0)
+    return adapter, one_thread_pairs_per_s(lambda: ce.predict(ce_pairs, batch_size=32, show_progress_bar=False), 4.0)
 
 
 def _serve(tmp: str, tracking: str, sentences: list[str], cross_encoder: str, direct_ingress: bool,
@@ -227,7 +110,7 @@ def _serve(tmp: str, tracking: str, sentences: list[str], cross_encoder: str, di
     """The service on a Ray of its own, caches warm; returns the base URL the load goes to. `share` scales the
     replicas' CPU shares (a scheduling figure: below 1 CPU each computes on one thread either way), so that
     two applications fit the 2-CPU node side by side."""
-    import requests
+    # lazy: Serve's and Ray's settings are put in the environment before Ray is first imported
     from ray import serve
 
     from serving.app import build_app
@@ -256,6 +139,7 @@ def _serve(tmp: str, tracking: str, sentences: list[str], cross_encoder: str, di
 
 def main() -> None:
     args = _parse_args()
+    # lazy: Serve's and Ray's settings are put in the environment before Ray is first imported
     from serving.serve_env import apply_serve_env
 
     if args.direct_ingress and args.haproxy:
@@ -267,8 +151,6 @@ def main() -> None:
     settings = apply_serve_env()  # before ray.init: the local cluster's processes inherit them
     import ray
     from ray import serve
-
-    from embed_lib.tasks import load_task
 
     tmp = tempfile.mkdtemp()
     tracking = f"sqlite:///{tmp}/mlflow.db"

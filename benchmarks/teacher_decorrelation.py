@@ -5,7 +5,7 @@ orders, length buckets, warmup + decay, clipping), trained on BCE(z, y) + 2 lamb
 where e is the frozen cosine's rank error r(s0) - r(y) on that pair: the penalty rewards erring *against*
 the cosine (negative correlation learning, Liu & Yao 1999, with the cosine as the fixed ensemble member).
 lambda = 0 is the plain recipe. Per split: the teacher's Spearman, its error correlation with the cosine
-and the Spearman of their rank average (embed_lib.teacher.quality_report), the figures issue 10 targets.
+and the Spearman of their rank average (embed_lib.teacher.scores.quality_report), the figures issue 10 targets.
 
     python benchmarks/teacher_decorrelation.py [--lambdas 0,1] [--epochs 1]
 -> results/benchmarks/teacher_decorrelation.json
@@ -18,15 +18,16 @@ import time
 
 import numpy as np
 import torch
-from benchmarks._common import write_results
 from sentence_transformers import CrossEncoder
 
-from embed_lib import teacher_fit as F
-from embed_lib.encoders import resolve_model
-from embed_lib.signals import rank_normalise
-from embed_lib.study import load_study
-from embed_lib.tasks import SPLITS, load_splits
-from embed_lib.teacher import quality_report, teacher_preset
+from benchmarks._common import write_results
+from embed_lib.data.tasks import SPLITS, load_splits
+from embed_lib.encoding.weights import resolve_model
+from embed_lib.pipeline.prepare import load_study
+from embed_lib.teacher import recipe
+from embed_lib.teacher.config import teacher_preset
+from embed_lib.teacher.scores import quality_report
+from embed_lib.training.signals import rank_normalise
 
 
 def _pairs(d) -> list[list[str]]:
@@ -39,15 +40,15 @@ def train_one(pairs: list[list[str]], y: np.ndarray, cosine_error: np.ndarray, l
     torch.manual_seed(cfg.seed)  # the new head's initialisation
     ce = CrossEncoder(resolve_model(cfg.model), num_labels=1, device="cpu", max_length=cfg.max_length)
     g = np.random.default_rng(cfg.seed)
-    opt = torch.optim.AdamW(F.param_groups(ce.model, cfg.weight_decay), lr=cfg.lr)
-    sched = F.warmup_then_decay(opt, math.ceil(len(pairs) / cfg.batch_size) * cfg.epochs, cfg.warmup)
+    opt = torch.optim.AdamW(recipe.param_groups(ce.model, cfg.weight_decay), lr=cfg.lr)
+    sched = recipe.warmup_then_decay(opt, math.ceil(len(pairs) / cfg.batch_size) * cfg.epochs, cfg.warmup)
     yt, et = torch.as_tensor(y, dtype=torch.float32), torch.as_tensor(err, dtype=torch.float32)
     bce = torch.nn.BCEWithLogitsLoss()
     lengths, t0 = np.array([len(a) + len(b) for a, b in pairs]), time.perf_counter()
     ce.model.train()
     for _ in range(cfg.epochs):
-        for idx in F.length_batches(lengths, cfg.batch_size, g):
-            z = F.logits(ce, [pairs[j] for j in idx])
+        for idx in recipe.length_batches(lengths, cfg.batch_size, g):
+            z = recipe.logits(ce, [pairs[j] for j in idx])
             loss = bce(z, yt[idx]) + 2 * lam * ((torch.sigmoid(z) - yt[idx]) * et[idx]).mean()
             opt.zero_grad(set_to_none=True)
             loss.backward()
@@ -74,7 +75,7 @@ def main() -> None:
     rows = []
     for lam in [float(v) for v in args.lambdas.split(",")]:
         ce, seconds = train_one(_pairs(splits["train"]), y["train"].astype(np.float32), cosine_error, lam, cfg)
-        scores = {k: F.predict(ce, _pairs(splits[k]), cfg) for k in ("validation", "test")}
+        scores = {k: recipe.predict(ce, _pairs(splits[k]), cfg) for k in ("validation", "test")}
         report = quality_report(scores, s0, y)
         rows.append({"lambda": lam, "fit_seconds": round(seconds, 1),
                      **{k: {m: round(v, 4) for m, v in report[k].items()} for k in scores}})

@@ -7,15 +7,14 @@ from __future__ import annotations
 import argparse
 import time
 
-import torch
-from benchmarks._common import REPO, write_results
-
 import ray
+import torch
 from ray import tune
 
+from benchmarks._common import REPO, write_results
 from embed_lib.config import AdapterConfig
-from embed_lib.study import load_study
-from embed_lib.train import train_seed_group
+from embed_lib.pipeline.prepare import load_study
+from embed_lib.training.seed_group import train_seed_group
 from sweeps.trainable import make_trainable
 
 

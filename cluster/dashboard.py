@@ -19,6 +19,8 @@ import time
 import urllib.error
 import urllib.request
 
+import yaml
+
 TERMINAL = {"SUCCEEDED", "FAILED", "STOPPED"}
 FAILED = {"DEPLOY_FAILED", "UNHEALTHY"}
 #: seconds between a job's status reads; its log is read at most every LOG_EVERY seconds while it runs; seconds
@@ -109,8 +111,6 @@ def main(argv: list[str]) -> int:
         return 2
     command, address, target = argv
     if command == "wait-serve":
-        import yaml
-
         with open(target, encoding="utf-8") as fh:
             line = wait_serve(address, yaml.safe_load(fh) or {}, _token())
         if line.startswith("running"):

@@ -12,7 +12,9 @@
 # RAY_METRICS_PORT, DASHBOARD_METRIC_PORT (44227), AUTOSCALER_METRIC_PORT (44217) (Ray's defaults),
 # RAY_NUM_CPUS (all cores), RAY_AUTH_TOKEN_PATH ($EMBED_RAY_DIR/auth_token, made on first start),
 # the Ray Serve settings of cluster/serve.env (each overridable from the environment). `submit` forwards EMBED_DATA_DIR, EMBED_CACHE_DIR, EMBED_STORAGE_DIR,
-# MLFLOW_TRACKING_URI and HF_HUB_OFFLINE to the job as absolute paths.
+# MLFLOW_TRACKING_URI, MLFLOW_ARTIFACT_ROOT and HF_HUB_OFFLINE to the job; with no MLFLOW_TRACKING_URI it forwards this
+# clone's own store (sqlite:///<repo>/mlflow.db, artifacts in <repo>/mlartifacts, what `make` uses), never leaving the
+# job to put one in its temporary copy of the working dir. `job-env` prints what `submit` would forward.
 set -euo pipefail
 ROOT="$(cd "$(dirname "$0")/.." && pwd)"
 VENV="${VENV:-$ROOT/.venv}"
@@ -35,6 +37,17 @@ export RAY_ENABLE_WINDOWS_OR_OSX_CLUSTER="${RAY_ENABLE_WINDOWS_OR_OSX_CLUSTER:-0
 export RAY_enable_metrics_collection="${RAY_enable_metrics_collection:-$([[ "${EMBED_RAY_METRICS:-0}" == 1 ]] && echo 1 || echo 0)}"
 # token authentication on: the cluster and every client of it read this project's own token file
 export RAY_AUTH_MODE=token RAY_AUTH_TOKEN_PATH="${RAY_AUTH_TOKEN_PATH:-$STATE/auth_token}"
+# the runtime env of a submitted job: working_dir, its excludes, and the settings the job must see as the submitter
+# does (absolute paths: the job runs in a temporary copy of the tree)
+job_env() {
+  if [[ -z "${MLFLOW_TRACKING_URI:-}" ]]; then
+    export MLFLOW_TRACKING_URI="sqlite:///$ROOT/mlflow.db" MLFLOW_ARTIFACT_ROOT="${MLFLOW_ARTIFACT_ROOT:-$ROOT/mlartifacts}"
+  fi
+  python3 -c 'import json, os, sys
+keys = ["EMBED_DATA_DIR", "EMBED_CACHE_DIR", "EMBED_STORAGE_DIR", "MLFLOW_TRACKING_URI", "MLFLOW_ARTIFACT_ROOT", "HF_HUB_OFFLINE"]
+print(json.dumps({"working_dir": ".", "excludes": json.load(open(sys.argv[1]))["excludes"],
+                  "env_vars": {k: os.environ[k] for k in keys if os.environ.get(k)}}))' "$ROOT/cluster/runtime_env.json"
+}
 ensure_token() {
   mkdir -p "$(dirname "$RAY_AUTH_TOKEN_PATH")"
   [[ -s "$RAY_AUTH_TOKEN_PATH" ]] || (umask 077; python3 -c 'import secrets; print(secrets.token_hex(32), end="")' >"$RAY_AUTH_TOKEN_PATH")
@@ -102,12 +115,11 @@ case "${1:-}" in
       "127.0.0.1:$PORT" "$RAY_AUTH_TOKEN_PATH" ;;
   status)
     if running; then echo "running (pgid $(cat "$PIDFILE")), dashboard http://127.0.0.1:$DASH"; else echo "stopped"; exit 1; fi ;;
+  job-env)
+    job_env ;;
   submit)
     shift; [[ "${1:-}" == "--" ]] && shift
-    env_json=$(python3 -c 'import json, os, sys
-keys = ["EMBED_DATA_DIR", "EMBED_CACHE_DIR", "EMBED_STORAGE_DIR", "MLFLOW_TRACKING_URI", "MLFLOW_ARTIFACT_ROOT", "HF_HUB_OFFLINE"]
-print(json.dumps({"working_dir": ".", "excludes": json.load(open(sys.argv[1]))["excludes"],
-                  "env_vars": {k: os.environ[k] for k in keys if os.environ.get(k)}}))' "$ROOT/cluster/runtime_env.json")
+    env_json=$(job_env)
     cd "$ROOT"
     id="embed-$(date +%Y%m%d-%H%M%S)-$$"
     out="$(mktemp)"; trap 'rm -f "$out"' EXIT
@@ -134,5 +146,5 @@ print(json.dumps({"working_dir": ".", "excludes": json.load(open(sys.argv[1]))["
     # deployments, or one has failed
     python3 "$ROOT/cluster/dashboard.py" wait-serve "http://127.0.0.1:$DASH" "$config" ;;
   *)
-    echo "usage: $0 start | stop | status | env | submit -- COMMAND... | serve [CONFIG]" >&2; exit 2 ;;
+    echo "usage: $0 start | stop | status | env | job-env | submit -- COMMAND... | serve [CONFIG]" >&2; exit 2 ;;
 esac

@@ -1,5 +1,5 @@
-from embed_lib.cli import main
-from embed_lib.cli_args import skip_exit_collection
+from embed_lib.cli.args import skip_exit_collection
+from embed_lib.cli.parser import main
 
 skip_exit_collection()
 

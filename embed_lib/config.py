@@ -12,7 +12,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from embed_lib.tasks import TASK_SLUG, task_names
+from embed_lib.data.tasks import TASK_SLUG, task_names
 
 #: Alias -> sentence-transformers id. Aliases resolve to packaged weights when they are
 #: installed (offline), otherwise to the Hub id.
@@ -77,7 +77,7 @@ def check_bounds(config: Any) -> None:
             f.metadata["bounds"].check(f"{type(config).__name__}.{f.name}", getattr(config, f.name))
 
 
-#: inference backends of the encoder and the cross-encoder (embed_lib.onnx_backend)
+#: inference backends of the encoder and the cross-encoder (embed_lib.encoding.onnx_backend)
 BACKENDS = ("torch", "onnx", "onnx-int8")
 
 
@@ -157,7 +157,7 @@ def default_cache_dir() -> Path:
     return Path(os.environ.get("EMBED_CACHE_DIR", Path.cwd() / ".cache" / "embed_lib")).absolute()
 
 
-#: the adapter forms and, per form, the controls that apply to it (embed_lib.adapters builds them)
+#: the adapter forms and, per form, the controls that apply to it (embed_lib.training.adapters builds them)
 FORMS = ("baseline", "pair_ungated", "pair_gated", "per_sentence", "per_sentence_preserving")
 CONTROLS = {
     "baseline": ("none",),
@@ -174,7 +174,7 @@ LOSSES = ("cosent", "logistic", "mse")
 class AdapterConfig:
     """One adapter configuration, trained on a seed group. Labels: [S] scientific, [N] nuisance, [F] fixed."""
 
-    #: [F] task name (see embed_lib.tasks)
+    #: [F] task name (see embed_lib.data.tasks)
     task: str = "stsb"
     #: [S] adapter form: baseline | pair_ungated | pair_gated | per_sentence | per_sentence_preserving
     adapter: str = "pair_gated"

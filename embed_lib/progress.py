@@ -6,6 +6,8 @@ import sys
 import time
 from typing import Callable, TextIO
 
+from tqdm.auto import tqdm
+
 
 class Progress:
     def __init__(self, total: int, label: str, unit: str = "sentences", every_s: float = 10.0,
@@ -18,8 +20,6 @@ class Progress:
         self._last = self.t0
         self._bar = None
         if emit is None and getattr(self.stream, "isatty", lambda: False)():
-            from tqdm.auto import tqdm
-
             self._bar = tqdm(total=total, desc=label, unit=unit[:4], mininterval=1.0, file=self.stream)
 
     def line(self) -> str:

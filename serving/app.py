@@ -30,11 +30,13 @@ import numpy as np
 from fastapi.responses import Response
 from ray import serve
 
+from embed_lib.encoding.cache import EmbeddingCache
 from serving.api import ERRORS, api, found_job, json_response
 from serving.args import AppArgs, deployment_options
 from serving.deployments import (CROSS_ENCODER_CPUS, SHUTDOWN_POLL_S, CrossEncoderScorer, EncodeError, Encoder,
                                  WarmJobs, corpus_texts, cross_encoder_calls, set_threads)
 from serving.errors import ApiError, error_responses
+from serving.model import load_served, pinned_uri, resolve_manifest
 from serving.schemas import (RerankRequest, RerankResponse, ScoreRequest, ScoreResponse, TeiRank, TeiRerankRequest,
                              WarmJob, WarmRequest, check_texts)
 from serving.scorer import PairScorer, RoutingError, cascade_scores
@@ -60,25 +62,7 @@ class Ingress:
 
     def reconfigure(self, user_config: dict[str, Any]) -> None:
         """Load (or swap in place) the adapter: Serve calls this at start and whenever user_config changes."""
-        from serving.model import load_model
-
-        model, info = load_model(user_config.get("pinned") or user_config["model_uri"], self.tracking_uri)
-        old = self.scorer.info
-        if old and info["encoder_key"] != old["encoder_key"]:
-            raise RuntimeError("Refusing to switch to a model trained on another encoder; redeploy the application.")
-        info["requested_uri"] = user_config["model_uri"]
-        if "@" in user_config["model_uri"]:  # served through an alias: report it
-            info["alias"] = user_config["model_uri"].rsplit("@", 1)[1]
-        # why this version serves: the registry's record of the alias move that put it there (from which version,
-        # why, by hand or not); a replica that swaps models in place also names the version it served before
-        rec = info.get("promotion") or {}
-        if (rec.get("previous") or {}).get("version"):
-            info["moved_from"] = {"version": rec["previous"]["version"], "reason": rec.get("reason"),
-                                  "manual": rec.get("manual", False)}
-        served_before = old.get("version") if old else None
-        log.info("serving %s version %s%s; registry: %s", info.get("name"), info.get("version"),
-                 f" (was version {served_before} in this replica)" if served_before not in (None, info.get("version"))
-                 else "", rec.get("reason", "no promotion recorded"))
+        model, info = load_served(user_config, self.tracking_uri, self.scorer.info)
         first = self.scorer.model is None
         self.scorer.set_model(model, info)
         self.manifest = user_config.get("manifest")
@@ -86,8 +70,6 @@ class Ingress:
             self._warm_near(self.args.warm_corpus)
 
     def _warm_near(self, corpus: str) -> None:
-        from embed_lib.cache import EmbeddingCache
-
         texts = corpus_texts(corpus, self.args.warm_corpus_columns)
         try:
             vectors = EmbeddingCache(self.manifest).get(texts)  # no encoder here: only what is cached
@@ -148,7 +130,7 @@ class Ingress:
     async def _score_pairs(self, pairs: list[tuple[str, str]], scorer: str = "adapter",
                            cascade: dict[str, Any] | None = None) -> dict[str, Any]:
         """Every pair's score; `cascade` ({budget, routing, seed}) re-scores the routed pairs with the
-        cross-encoder (embed_lib.cascade.route)."""
+        cross-encoder (embed_lib.training.cascade.route)."""
         if (cascade or scorer == "cross_encoder") and self.ce_score is None:
             raise ApiError(422, "cascade / budget / scorer='cross_encoder' need a cross-encoder: start the app with "
                                 "cross_encoder=<models:/cross-encoder-<task>/<version>, folder, id or path>.",
@@ -291,8 +273,6 @@ class Ingress:
 
 def build_app(args: dict[str, Any]) -> serve.Application:
     """Application builder: resolves the model once (and refuses an encoder mismatch), then binds."""
-    from serving.model import pinned_uri, resolve_manifest
-
     a = AppArgs.parse(args)
     tracking_uri = a.tracking_uri or os.environ.get("MLFLOW_TRACKING_URI")
     # the alias resolved to a version once, and everything read from that version: after the alias moves,

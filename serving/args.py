@@ -3,7 +3,7 @@ from __future__ import annotations
 
 from typing import Any, Literal
 
-from pydantic import BaseModel, ConfigDict, Field
+from pydantic import BaseModel, ConfigDict, Field, ValidationError
 
 
 class Replicas(BaseModel):
@@ -61,8 +61,6 @@ class AppArgs(BaseModel):
     @classmethod
     def parse(cls, args: dict[str, Any]) -> "AppArgs":
         """The builder's arguments validated; an error lists what was wrong and the arguments there are."""
-        from pydantic import ValidationError
-
         try:
             return cls.model_validate(args)
         except ValidationError as exc:

@@ -16,11 +16,20 @@ import asyncio
 import logging
 import time
 import uuid
+from pathlib import Path
 from typing import Any, Callable, Sequence
 
 import numpy as np
+import torch
 from ray import serve
 
+from embed_lib.config import EncoderConfig
+from embed_lib.data.custom_tasks import TABLE_SUFFIXES, table_texts
+from embed_lib.data.tasks import SPLITS, distinct_texts, load_splits
+from embed_lib.encoding.cache import EmbeddingCache, manifest_mismatch
+from embed_lib.encoding.encoders import FrozenEncoder
+from embed_lib.teacher.cross_encoder import PairCrossEncoder
+from embed_lib.tracking.cross_encoder_registry import resolve_cross_encoder
 from serving.args import AppArgs
 from serving.scorer import LRU
 
@@ -40,8 +49,6 @@ SHUTDOWN_POLL_S = 0.2
 
 def set_threads(num_cpus: float, batches: int = 1) -> int:
     """torch's intra-op threads for a replica of `num_cpus` running `batches` batches at once; returns them."""
-    import torch
-
     threads = max(1, int(num_cpus) // batches)
     torch.set_num_threads(threads)
     return threads
@@ -51,13 +58,7 @@ def corpus_texts(corpus: str, columns: list[str] | None = None) -> list[str]:
     """'task:<name>' -> the task's distinct sentences; a .csv / .tsv / .jsonl / .parquet file (your own
     pairs) -> the distinct texts of its `columns` (default: every text column); otherwise a text file,
     one sentence per line."""
-    from pathlib import Path
-
-    from embed_lib.custom_tasks import TABLE_SUFFIXES, table_texts
-
     if corpus.startswith("task:"):
-        from embed_lib.tasks import SPLITS, distinct_texts, load_splits
-
         return distinct_texts(load_splits(corpus[5:], SPLITS))
     if Path(corpus).suffix.lower() in TABLE_SUFFIXES:
         return table_texts(Path(corpus), columns)
@@ -93,10 +94,6 @@ class Encoder:
 
     def __init__(self, manifest: dict[str, Any], cache_size: int, max_batch_size: int, batch_wait_timeout_s: float,
                  warm_corpus: str | None, num_cpus: float, warm_corpus_columns: list[str] | None = None) -> None:
-        from embed_lib.cache import manifest_mismatch
-        from embed_lib.config import EncoderConfig
-        from embed_lib.encoders import FrozenEncoder
-
         set_threads(num_cpus, BATCHES_IN_FLIGHT)
         self.encoder = FrozenEncoder(EncoderConfig.from_manifest(manifest, batch_size=max_batch_size))
         diff = manifest_mismatch(manifest, self.encoder.manifest())
@@ -111,8 +108,6 @@ class Encoder:
             self._warm_from(warm_corpus, warm_corpus_columns)
 
     def _warm_from(self, corpus: str, columns: list[str] | None = None) -> int:
-        from embed_lib.cache import EmbeddingCache
-
         texts = corpus_texts(corpus, columns)
         # through the embedding cache embed_lib built: cached sentences are read, not encoded
         vectors = EmbeddingCache(self.manifest).get(texts, self.encoder)
@@ -172,8 +167,6 @@ class CrossEncoderBatches:
     placement = "ingress"
 
     def __init__(self, model: str, backend: str, num_cpus: float, tracking_uri: str | None) -> None:
-        from embed_lib.cross_encoder import PairCrossEncoder, resolve_cross_encoder
-
         threads = set_threads(num_cpus, BATCHES_IN_FLIGHT)
         self.name = model
         self.ce = PairCrossEncoder(resolve_cross_encoder(model, tracking_uri), backend=backend, threads=threads)

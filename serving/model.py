@@ -6,18 +6,21 @@ all read from that version, so a move of the alias while a replica loads cannot 
 from __future__ import annotations
 
 import json
+import logging
 import os
 import re
 from typing import Any
 
 import mlflow
 
-from embed_lib.cache import cache_key, manifest_mismatch
 from embed_lib.config import EncoderConfig, default_cache_dir
-from embed_lib.encoders import encoder_manifest
-from embed_lib.export import load_adapter
-from embed_lib.promotion import from_tag
-from embed_lib.registry import download_adapter
+from embed_lib.encoding.cache import cache_key, manifest_mismatch
+from embed_lib.encoding.encoders import encoder_manifest
+from embed_lib.tracking.promotion import from_tag
+from embed_lib.tracking.registry import download_adapter
+
+log = logging.getLogger("ray.serve")  # Serve's logger: lines land in the replica's log, tagged with the replica
+from embed_lib.training.export import load_adapter
 
 
 def _client(tracking_uri: str | None):
@@ -89,4 +92,25 @@ def load_model(model_uri: str, tracking_uri: str | None):
             "anchoring": {"gamma": config.gamma, "lambda_delta": config.lambda_delta,
                           "novelty_quantile": config.novelty_quantile},
             "encoder_key": cache_key(manifest)}
+    return model, info
+
+
+def load_served(user_config: dict[str, Any], tracking_uri: str | None, previous: dict[str, Any] | None):
+    """(model, info) for an ingress replica: the pinned version, reported under the alias it was asked for, with the
+    registry's record of the alias move that put it there (`moved_from`: from which version, why, by hand or not).
+    A swap in place to a model of another encoder is refused (its vectors would not match the caches)."""
+    model, info = load_model(user_config.get("pinned") or user_config["model_uri"], tracking_uri)
+    if previous and info["encoder_key"] != previous["encoder_key"]:
+        raise RuntimeError("Refusing to switch to a model trained on another encoder; redeploy the application.")
+    info["requested_uri"] = user_config["model_uri"]
+    if "@" in user_config["model_uri"]:  # served through an alias: report it
+        info["alias"] = user_config["model_uri"].rsplit("@", 1)[1]
+    rec = info.get("promotion") or {}
+    if (rec.get("previous") or {}).get("version"):
+        info["moved_from"] = {"version": rec["previous"]["version"], "reason": rec.get("reason"),
+                              "manual": rec.get("manual", False)}
+    before = previous.get("version") if previous else None
+    log.info("serving %s version %s%s; registry: %s", info.get("name"), info.get("version"),
+             f" (was version {before} in this replica)" if before not in (None, info.get("version")) else "",
+             rec.get("reason", "no promotion recorded"))
     return model, info

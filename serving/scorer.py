@@ -12,7 +12,8 @@ from typing import Any, Awaitable, Callable, Sequence
 
 import numpy as np
 
-from embed_lib.export import ensemble_scores, project
+from embed_lib.training.cascade import mix, route
+from embed_lib.training.export import ensemble_scores, project
 
 
 class LRU:
@@ -138,9 +139,7 @@ async def cascade_scores(pairs: Sequence[tuple[str, str]], out: dict[str, np.nda
                          middle: float | None, cross_encoder: Callable[[list], Awaitable[np.ndarray]]
                          ) -> tuple[np.ndarray, np.ndarray]:
     """(scores, routed): the adapter's scores `out` with the pairs routed at cascade's budget / routing / seed
-    (embed_lib.cascade.route) re-scored by `cross_encoder`. RoutingError for a policy the model cannot serve."""
-    from embed_lib.cascade import mix, route
-
+    (embed_lib.training.cascade.route) re-scored by `cross_encoder`. RoutingError for a policy the model cannot serve."""
     try:
         routed = route(cascade["budget"], cascade["routing"], difficulty=out["difficulty"], baseline=out["baseline"],
                        middle=middle, seed=cascade["seed"])

@@ -2,19 +2,36 @@
 are in sweeps.flags)."""
 from __future__ import annotations
 
+import argparse
 import dataclasses
 import functools
 import json
+import os
 import sys
+import time
 from pathlib import Path
 from typing import Any
 
+import mlflow
 import ray
+import torch
 from ray import tune
+from ray.tune.schedulers import ASHAScheduler
+from ray.tune.search.optuna import OptunaSearch
 
-from embed_lib.cli_args import (encoder_config, resolve_task, skip_exit_collection, teacher_config, teacher_progress,
-                                teacher_summary)
-from embed_lib.registry import model_name
+from embed_lib.cli.args import (
+    encoder_config,
+    resolve_task,
+    skip_exit_collection,
+    teacher_config,
+    teacher_progress,
+    teacher_summary,
+)
+from embed_lib.config import default_cache_dir
+from embed_lib.teacher.config import preset_of
+from embed_lib.tracking.registry import model_name
+from embed_lib.tracking.runs import (checked_tracking_uri, default_tracking_uri, git_info, log_task_inputs,
+                                     set_experiment, ui_link)
 from sweeps.flags import add_sweep_args, parse_grid, transfer_tasks
 from sweeps.mlflow_callback import MLflowTrialCallback, close_orphans
 from sweeps.report import finish_sweep
@@ -23,11 +40,7 @@ from sweeps.trainable import MAX_EPOCHS, METRIC, MODE, make_trainable, precomput
 
 def _open_parent_run(args, name: str, storage: Path):
     """(tracking URI, experiment, parent run): the sweep's parent run, reopened on --resume."""
-    import mlflow
-
-    from embed_lib.tracking import default_tracking_uri, set_experiment
-
-    tracking_uri = args.tracking_uri or default_tracking_uri()
+    tracking_uri = checked_tracking_uri(args.tracking_uri) if args.tracking_uri else default_tracking_uri()
     mlflow.set_tracking_uri(tracking_uri)
     experiment = set_experiment(args.experiment or f"sweep-{args.task}", tracking_uri)
     marker = storage / name / "mlflow_parent_run.json"
@@ -43,8 +56,6 @@ def _open_parent_run(args, name: str, storage: Path):
 def driver_threads() -> int:
     """Torch threads for the driver's own work ($EMBED_DRIVER_THREADS, else the CPUs it may run on). A Ray
     job's entrypoint inherits OMP_NUM_THREADS=1, which left a sweep's teacher on one core of two."""
-    import os
-
     if os.environ.get("EMBED_DRIVER_THREADS"):
         return max(1, int(os.environ["EMBED_DRIVER_THREADS"]))
     try:
@@ -60,14 +71,11 @@ def _precompute_all(args, cache_dir: Path, limit: int | None, transfer: list[str
         # the smoke test checks the path, not the teacher: no intermediate stage (tens of thousands of pairs)
         teacher = dataclasses.replace(teacher, max_length=64, epochs=1, early_stopping_fraction=0.0, intermediate="")
     if teacher is not None:
-        from embed_lib.teacher import preset_of
-
         preset = preset_of(teacher)
         note = " -- lighter than the study's 'strong' recipe, to fit a first run on 2 CPU cores" if preset == "light" else ""
         print(f"teacher: {args.teacher}, '{preset}' recipe ({teacher.folds} folds x <= {teacher.epochs} epochs){note}",
               flush=True)
     studies, record = {}, None
-    import torch
 
     threads = torch.get_num_threads()
     torch.set_num_threads(driver_threads())  # no trial runs yet: the teacher may use every core of this node
@@ -84,10 +92,6 @@ def _precompute_all(args, cache_dir: Path, limit: int | None, transfer: list[str
 
 
 def _log_sweep_inputs(args, name: str, fixed: dict[str, Any], studies: dict, record, transfer: list[str]) -> None:
-    import mlflow
-
-    from embed_lib.tracking import git_info, log_task_inputs
-
     mlflow.log_params({"search": args.search, "num_samples": args.num_samples, "seeds": args.seeds,
                        "max_concurrent": args.max_concurrent, "tau_attn_values": args.tau_attn_values,
                        "transfer": ",".join(transfer) or "none", "transfer_tolerance": args.transfer_tolerance,
@@ -108,9 +112,6 @@ def _log_sweep_inputs(args, name: str, fixed: dict[str, Any], studies: dict, rec
 def _make_tuner(args, trainable, run_config, fixed: dict[str, Any], space_fn, space_keys: list[str], first,
                 taus: list[float], storage: Path, name: str, start_points=None):
     """(Tuner, the keys the search varies): Optuna (TPE, seeded) or an explicit grid; ASHA on the mean val delta."""
-    from ray.tune.schedulers import ASHAScheduler
-    from ray.tune.search.optuna import OptunaSearch
-
     if args.resume:
         return tune.Tuner.restore(str(storage / name), trainable=trainable, resume_unfinished=True,
                                   resume_errored=True), space_keys
@@ -137,10 +138,6 @@ def _make_tuner(args, trainable, run_config, fixed: dict[str, Any], space_fn, sp
 def _settle(args, script: str, fixed: dict[str, Any]):
     """The task validated and the run's settings derived from the flags: (limit, fixed values, transfer tasks,
     run name, Tune storage, embedding cache)."""
-    import os
-
-    from embed_lib.config import default_cache_dir
-
     args.task = resolve_task(args, args.task)  # a pair file is validated before Ray, MLflow or the cache see it
     limit = 48 if args.smoke_test else args.limit
     if args.smoke_test:
@@ -160,10 +157,6 @@ def _settle(args, script: str, fixed: dict[str, Any]):
 def run_sweep(args, script: str, space_fn, space_keys: list[str], fixed: dict[str, Any],
               start_points=None) -> dict[str, Any]:
     """The sweep, step by step (entry scripts supply the space and the fixed values)."""
-    import time
-
-    import mlflow
-
     t0 = time.perf_counter()
     limit, fixed, transfer, name, storage, cache_dir = _settle(args, script, fixed)
     # 1. Ray: the cluster named by --address / $RAY_ADDRESS, else a local one
@@ -200,7 +193,6 @@ def run_sweep(args, script: str, space_fn, space_keys: list[str], fixed: dict[st
     out.update(parent_run_id=parent.info.run_id, experiment_id=experiment.experiment_id, tracking_uri=tracking_uri,
                stages=stages)
     print("stages: " + ", ".join(f"{k[:-2]} {v:.0f}s" for k, v in stages.items()))
-    from embed_lib.tracking import ui_link
 
     print(f"MLflow: {tracking_uri} experiment '{experiment.name}', sweep run {parent.info.run_id}. UI: make mlflow-ui, "
           f"then {ui_link(experiment.experiment_id, parent.info.run_id)}")
@@ -219,8 +211,6 @@ def suggest_nuisance(trial, fixed=()) -> None:
 def sweep_main(doc: str, script: str, space_fn, space_keys: list[str], fixed: dict[str, Any],
                start_points=None) -> None:
     """Command line of an entry script: parse, run the sweep, print its outcome as JSON."""
-    import argparse
-
     skip_exit_collection()
 
     parser = argparse.ArgumentParser(description=doc, formatter_class=argparse.RawDescriptionHelpFormatter)

@@ -5,9 +5,11 @@ import json
 from pathlib import Path
 from typing import Any
 
-from embed_lib.cli_args import (add_custom_data_flags, add_data_flags, add_encoder_flags, add_mlflow_flags,
+from embed_lib.cli.args import (add_custom_data_flags, add_data_flags, add_encoder_flags, add_mlflow_flags,
                                 add_teacher_flags)
 from embed_lib.config import AdapterConfig
+from embed_lib.data.tasks import task_names
+from embed_lib.pipeline.prepare import default_transfer
 
 
 def _scalar(text: str) -> Any:
@@ -36,8 +38,6 @@ def parse_grid(items: list[str], file: str | None) -> dict[str, list[Any]]:
 
 
 def add_sweep_args(p, *, default_samples: int) -> None:
-    from embed_lib.tasks import task_names
-
     p.add_argument("--task", default="stsb", help=f"the task to sweep: one of {task_names()} (default stsb), or your "
                                                   "own pairs: a .csv / .tsv / .jsonl / .parquet file or hf:<dataset id> "
                                                   "(inside --working-dir, or a path every node can read)")
@@ -88,9 +88,6 @@ def add_sweep_args(p, *, default_samples: int) -> None:
 
 def transfer_tasks(value: str, task: str) -> list[str]:
     """--transfer value -> task names ('others': every task but `task`; 'none': no checks)."""
-    from embed_lib.study import default_transfer
-    from embed_lib.tasks import task_names
-
     if value == "others":
         return default_transfer(task)
     if value == "none":

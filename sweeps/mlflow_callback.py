@@ -5,9 +5,11 @@ from __future__ import annotations
 import json
 from typing import Any
 
+import mlflow
+from mlflow.entities import Metric, Param
 from ray import tune
 
-from sweeps.trainable import FINAL_KEYS
+from sweeps.trainable import FINAL_KEYS, METRIC
 
 
 class MLflowTrialCallback(tune.Callback):
@@ -21,8 +23,6 @@ class MLflowTrialCallback(tune.Callback):
 
     @property
     def client(self):
-        import mlflow
-
         return mlflow.MlflowClient(self.tracking_uri)
 
     def _run_for(self, trial) -> str:
@@ -37,7 +37,6 @@ class MLflowTrialCallback(tune.Callback):
             run = self.client.create_run(self.experiment_id, run_name=f"trial-{trial.trial_id}",
                                          tags={"mlflow.parentRunId": self.parent, "trial_id": trial.trial_id})
             run_id = run.info.run_id
-            from mlflow.entities import Param
 
             config = {**trial.config, **self.fixed}  # the configuration that actually trains
             self.client.log_batch(run_id, params=[Param(k, str(v)) for k, v in sorted(config.items())])
@@ -49,21 +48,19 @@ class MLflowTrialCallback(tune.Callback):
         self._run_for(trial)
 
     def on_trial_result(self, iteration, trials, trial, result, **info):
-        from mlflow.entities import Metric
-
         run_id, step = self._run_for(trial), int(result.get("training_iteration", 0))
         ts = int(result.get("timestamp", 0) * 1000)
         if "per_seed" in result:
             per_seed = json.loads(result["per_seed"])
             metrics = [Metric(k, float(result[k]), ts, 0) for k in result
-                       if k in (*FINAL_KEYS, "seconds") or k.startswith("transfer/")]
+                       if k in (*FINAL_KEYS, METRIC, "seconds") or k.startswith("transfer/")]
             metrics += [Metric(f"seed/{k}", float(v), ts, i) for i, r in enumerate(per_seed)
                         for k, v in r.items() if isinstance(v, (int, float)) and v == v]
             self.client.log_batch(run_id, metrics=metrics)
             self.client.log_dict(run_id, per_seed, "per_seed.json")
         else:
-            self.client.log_batch(run_id, metrics=[Metric(k, float(result[k]), ts, step) for k in
-                                                   ("val_delta_mean", "val_delta_min", "val_spearman_mean") if k in result])
+            self.client.log_batch(run_id, metrics=[Metric(k, float(result[k]), ts, step) for k in result
+                                                   if k.startswith("epoch/") or k == METRIC])
 
     def on_trial_complete(self, iteration, trials, trial, **info):
         run_id = self._run_for(trial)
@@ -78,8 +75,6 @@ class MLflowTrialCallback(tune.Callback):
 
 def close_orphans(tracking_uri: str, experiment_id: str, parent_run_id: str) -> int:
     """Child runs still RUNNING after the sweep (a killed driver's in-flight trials) -> KILLED."""
-    import mlflow
-
     client = mlflow.MlflowClient(tracking_uri)
     runs = client.search_runs([experiment_id], f"tags.`mlflow.parentRunId` = '{parent_run_id}' and "
                                                "attributes.status = 'RUNNING'")

@@ -5,9 +5,16 @@ from __future__ import annotations
 import json
 from typing import Any, Callable
 
-from embed_lib.selection import (TRANSFER_TOLERANCE, leaderboard, no_winner_reason, rule_text, select_winner,
-                                 to_markdown)
-from sweeps.trainable import final_metrics, resolve
+import mlflow
+
+from embed_lib.tracking.cross_encoder_registry import find_version
+from embed_lib.tracking.cross_encoder_registry import model_name as ce_name
+from embed_lib.tracking.registry import SELECTION_METRIC, evidence_of, log_adapter_model, model_name, promote
+from embed_lib.tracking.runs import log_group, pyplot
+from embed_lib.training.seed_group import train_seed_group
+from embed_lib.training.selection import (TRANSFER_TOLERANCE, leaderboard, no_winner_reason, rule_text, select_winner,
+                                          to_markdown)
+from sweeps.trainable import METRIC, final_metrics, resolve
 
 
 def rows_from(results, fixed: dict[str, Any]) -> tuple[list[dict[str, Any]], list[dict[str, Any]]]:
@@ -22,16 +29,13 @@ def rows_from(results, fixed: dict[str, Any]) -> tuple[list[dict[str, Any]], lis
             row["per_seed"] = json.loads(r.metrics["per_seed"])
             done.append(row)
         else:
-            row["val_delta_mean_last"] = r.metrics.get("val_delta_mean")
+            row["objective_last"] = r.metrics.get(METRIC)
             stopped.append(row)
     return done, stopped
 
 
 def isolation_plot(rows: list[dict[str, Any]], keys: list[str]):
-    import matplotlib
-
-    matplotlib.use("Agg")
-    import matplotlib.pyplot as plt
+    plt = pyplot()
 
     keys = [k for k in keys if any(k in r for r in rows)]
     # a grid of readable panels (4 across), not one strip of many
@@ -59,10 +63,7 @@ def isolation_plot(rows: list[dict[str, Any]], keys: list[str]):
 
 
 def seed_plot(rows: list[dict[str, Any]], top: int = 5):
-    import matplotlib
-
-    matplotlib.use("Agg")
-    import matplotlib.pyplot as plt
+    plt = pyplot()
 
     fig, ax = plt.subplots(figsize=(6, 3))
     for i, r in enumerate(rows[:top]):
@@ -79,9 +80,6 @@ def seed_plot(rows: list[dict[str, Any]], top: int = 5):
 def _board(done: list[dict[str, Any]], stopped: list[dict[str, Any]], space_keys: list[str], fixed: dict[str, Any],
            log_fn: Callable[[str], None]) -> None:
     """Leaderboard (CSV + markdown) and plots on the active (parent) run."""
-    import matplotlib.pyplot as plt
-    import mlflow
-
     board = leaderboard([{k: v for k, v in r.items() if k not in ("per_seed", "config")} for r in done])
     mlflow.log_text(board.to_csv(index=False), "leaderboard.csv")
     mlflow.log_text(to_markdown(board), "leaderboard.md")
@@ -90,7 +88,7 @@ def _board(done: list[dict[str, Any]], stopped: list[dict[str, Any]], space_keys
     if done:
         for name, fig in (("plots/isolation.png", isolation_plot(done, space_keys)), ("plots/top_seeds.png", seed_plot(ranked))):
             mlflow.log_figure(fig, name)
-            plt.close(fig)
+            pyplot().close(fig)
     shown = [c for c in board.columns if not (c in fixed and c not in space_keys)
              and not (c.startswith("transfer/") and not c.endswith("_min"))]
     log_fn(to_markdown(board[shown], top=10))
@@ -99,23 +97,17 @@ def _board(done: list[dict[str, Any]], stopped: list[dict[str, Any]], space_keys
 def _describe_version(task: str, name: str, version: str, result, tolerance: float,
                       teacher: dict[str, Any] | None) -> dict:
     """Tags and description of the registered version: the rule and the figures it was chosen on."""
-    import mlflow
-
-    from embed_lib.registry import SELECTION_METRIC
-
     s = result.summary
     transfer = {k.split("/")[1]: v for k, v in s.items() if k.startswith("transfer/") and k.endswith("/delta_min")}
     tags = {"winner_rule": rule_text(tolerance), "transfer_tolerance": repr(tolerance),
             "val_spearman": repr(float(s[SELECTION_METRIC])),  # the served seed ensemble's, full precision
-            "val_delta_mean": f"{s['delta_val_mean']:+.5f}", "val_delta_positive": f"{s['delta_val_positive']}/{s['n_seeds']}",
+            "delta_val_positive": f"{s['delta_val_positive']}/{s['n_seeds']}",
             **({"transfer_delta_min": f"{s['transfer_delta_min']:+.5f}"} if "transfer_delta_min" in s else {}),
             **{f"transfer_delta_min.{k}": f"{v:+.5f}" for k, v in transfer.items()}}
     if teacher is not None and result.config.target == "ce_margin":  # the teacher whose margin gates it
         tags["teacher"] = f"{teacher['config']['model']} ({teacher.get('preset', 'custom')}), key {teacher['key']}"
     client = mlflow.MlflowClient()
     if teacher is not None and result.config.target == "ce_margin":
-        from embed_lib.cross_encoder import find_version, model_name as ce_name
-
         ce_version = find_version(task, teacher["key"], client)  # that teacher, registered by `embed_lib teacher`
         if ce_version is not None:
             tags["teacher_model"] = f"models:/{ce_name(task)}/{ce_version}"
@@ -135,12 +127,6 @@ def finish_sweep(results, data, fixed: dict[str, Any], space_keys: list[str], ta
                  teacher: dict[str, Any] | None = None, registered_name: str | None = None) -> dict[str, Any]:
     """Leaderboard and plots on the parent run; the do-no-harm winner retrained, tested once, registered under
     `registered_name` (default `pair-residual-<task>`), its alias decided by `registry.promote`."""
-    import mlflow
-
-    from embed_lib.registry import evidence_of, log_adapter_model, model_name, promote
-    from embed_lib.tracking import log_group
-    from embed_lib.train import train_seed_group
-
     done, stopped = rows_from(results, fixed)
     _board(done, stopped, space_keys, fixed, log_fn)
     winner = select_winner(done, tolerance=tolerance)

@@ -11,12 +11,18 @@ import json
 from typing import Any
 
 import ray
+import torch
 from ray import tune
 
 from embed_lib.config import AdapterConfig
-from embed_lib.tasks import CUSTOM
+from embed_lib.data.tasks import CUSTOM
+from embed_lib.pipeline.distributed import LazyPool, precompute_embeddings
+from embed_lib.pipeline.prepare import load_study
+from embed_lib.training.seed_group import train_seed_group
 
-METRIC, MODE = "val_delta_mean", "max"
+#: what the searcher and ASHA read: each epoch's mean validation delta while a trial trains, then the harm-penalised
+#: objective of its selected weights (`objective`); the plain mean is `delta_val_mean` everywhere
+METRIC, MODE = "objective", "max"
 MAX_EPOCHS = 12  # the largest epoch count a space may propose (ASHA's max_t is one more)
 FINAL_KEYS = ("delta_val_mean", "delta_val_std", "delta_val_min", "delta_val_positive", "n_seeds",
               "val/spearman_mean", "train/gate_fit_mean", "ensemble/val/spearman", "transfer_delta_min")
@@ -51,9 +57,6 @@ def precompute(task: str, encoder, teacher, data_dir, cache_dir, limit: int | No
     task's and the transfer checks') are encoded by a pool of `workers` Ray actors; the held-out teacher is
     trained (or read from its cache) on the driver, where its progress reaches the job's output. On a
     cluster with GPUs the encoders take one GPU each and the study is assembled in a Ray task on a GPU."""
-    from embed_lib.distributed import LazyPool, precompute_embeddings
-    from embed_lib.study import load_study
-
     load = functools.partial(load_study, task, encoder, teacher, data_dir=data_dir, cache_dir=cache_dir, limit=limit,
                              transfer=transfer)
     if ray.cluster_resources().get("GPU", 0) >= 1:
@@ -80,15 +83,11 @@ def resolve(config: dict[str, Any], data, fixed: dict[str, Any]):
 def trial(config: dict[str, Any], data=None, fixed: dict[str, Any] | None = None, threads: int = 1,
           use_gpu: bool = False, tolerance: float = 0.001) -> None:
     """One Tune trial: the whole seed group of one configuration."""
-    import torch
-
-    from embed_lib.train import train_seed_group
-
     torch.set_num_threads(max(1, threads))
     cfg, data = resolve(config, data, fixed or {})
     device = "cuda" if use_gpu and torch.cuda.is_available() else "cpu"
-    result = train_seed_group(cfg, data, on_epoch=lambda epoch, h: tune.report(dict(h)), evaluate_test=False,
-                              device=device)
+    result = train_seed_group(cfg, data, on_epoch=lambda epoch, h: tune.report({**h, METRIC: h["epoch/delta_val_mean"]}),
+                              evaluate_test=False, device=device)
     final = final_metrics(result.summary)
     tune.report({**final, METRIC: objective(result.summary, tolerance), "final": 1,
                  "per_seed": json.dumps(result.per_seed), "seconds": result.seconds})

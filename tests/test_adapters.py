@@ -5,7 +5,7 @@ import math
 import pytest
 import torch
 
-from embed_lib.adapters import PairAdapter, sim_p
+from embed_lib.training.adapters import PairAdapter, sim_p
 from embed_lib.config import CONTROLS, FORMS
 
 S, B, D = 3, 16, 24
@@ -79,7 +79,7 @@ def test_per_sentence_starts_from_the_working_cosine_and_preserving_near_the_anc
 
 
 def test_novelty_gate_returns_the_frozen_cosine_exactly_far_from_the_training_data():
-    from embed_lib.adapters import NoveltyGate
+    from embed_lib.training.adapters import NoveltyGate
 
     g = torch.Generator().manual_seed(0)
     ref = torch.randn(50, D, generator=g)
@@ -139,7 +139,7 @@ def test_the_cosine_is_the_same_whatever_the_batch_and_library():
     two, and the baseline form's Spearman differs from the frozen cosine's."""
     import numpy as np
 
-    from embed_lib.metrics import cosine
+    from embed_lib.training.metrics import cosine
 
     g = torch.Generator().manual_seed(0)
     x = torch.randn(64, 384, generator=g) * torch.rand(64, 1, generator=g) * 10
@@ -195,11 +195,11 @@ def test_cached_projections_score_exactly_like_the_full_forward(form, control):
     """What the serving ingress does for warm sentences: their projections computed once, then reused."""
     import numpy as np
 
-    from embed_lib.export import ensemble_scores, project
+    from embed_lib.training.export import ensemble_scores, project
 
     novelty = None
     if form.startswith("pair"):
-        from embed_lib.adapters import NoveltyGate
+        from embed_lib.training.adapters import NoveltyGate
         novelty = NoveltyGate(torch.randn(20, D, generator=torch.Generator().manual_seed(5)), lo=-0.2, hi=0.4)
     model = PairAdapter(form, D, [0, 1, 2], control=control, novelty=novelty).eval()
     _perturb(model)

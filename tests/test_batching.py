@@ -1,10 +1,10 @@
-"""Batches of similar length (embed_lib.batching) and that batching never changes what a model computes."""
+"""Batches of similar length (embed_lib.encoding.batching) and that batching never changes what a model computes."""
 from __future__ import annotations
 
 import numpy as np
 import pytest
 
-from embed_lib.batching import length_batches
+from embed_lib.encoding.batching import length_batches
 
 
 def _as_lists(batches):
@@ -52,7 +52,7 @@ PAIRS = [("A man is playing a guitar.", "A man plays the guitar."), ("ok", "no")
 
 
 def test_cross_encoder_scores_do_not_depend_on_the_batching(tmp_path):
-    from embed_lib.cross_encoder import PairCrossEncoder
+    from embed_lib.teacher.cross_encoder import PairCrossEncoder
 
     saved = tmp_path / "ce"  # "minilm" as a cross-encoder gets a fresh random head at every load: save one
     PairCrossEncoder("minilm").ce.save_pretrained(str(saved))
@@ -112,7 +112,7 @@ def _mixed_batches(n: int = 150) -> list:
 
 
 def test_one_cross_encoder_scores_right_while_another_thread_tokenizes(tmp_path):
-    from embed_lib.cross_encoder import PairCrossEncoder
+    from embed_lib.teacher.cross_encoder import PairCrossEncoder
 
     saved = tmp_path / "ce"
     PairCrossEncoder("minilm").ce.save_pretrained(str(saved))

@@ -6,9 +6,9 @@ import logging
 import numpy as np
 import pytest
 
-from embed_lib.cache import EmbeddingCache, cache_key
+from embed_lib.encoding.cache import EmbeddingCache, cache_key
 from embed_lib.config import EncoderConfig
-from embed_lib.encoders import FrozenEncoder, encoder_manifest
+from embed_lib.encoding.encoders import FrozenEncoder, encoder_manifest
 
 TEXTS = ["A man is playing a guitar.", "A woman is slicing an onion.", "Two dogs run in the snow."]
 

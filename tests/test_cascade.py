@@ -1,4 +1,4 @@
-"""The cascade's routing (embed_lib.cascade) and the service's cascade path (without Serve)."""
+"""The cascade's routing (embed_lib.training.cascade) and the service's cascade path (without Serve)."""
 from __future__ import annotations
 
 import asyncio
@@ -6,7 +6,7 @@ import asyncio
 import numpy as np
 import pytest
 
-from embed_lib.cascade import mix, n_routed, route
+from embed_lib.training.cascade import mix, n_routed, route
 
 ADAPTER = np.array([0.1, 0.2, 0.3, 0.4, 0.5, 0.6])
 CE = np.array([0.9, 0.8, 0.7, 0.6, 0.5, 0.4])

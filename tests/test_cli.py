@@ -4,8 +4,8 @@ import json
 
 import pytest
 
-from embed_lib.cli import main
-from embed_lib.commands import baseline_rows
+from embed_lib.cli.parser import main
+from embed_lib.cli.commands import baseline_rows
 
 
 def test_stsb_test_spearman_matches_the_published_figure(stsb_embedded, mirror_figures):
@@ -33,8 +33,8 @@ def test_unknown_task_is_a_usage_error(capsys):
 
 
 def test_teacher_preset_flags_name_the_preset_and_the_fix():
-    from embed_lib.cli import build_parser
-    from embed_lib.cli_args import preset_for, teacher_config
+    from embed_lib.cli.parser import build_parser
+    from embed_lib.cli.args import preset_for, teacher_config
 
     assert preset_for("stsb=strong,qqp=light", "qqp") == "light"
     assert preset_for("stsb=strong,qqp=light", "mrpc") == "strong"  # unlisted: the default
@@ -48,7 +48,7 @@ def test_teacher_preset_flags_name_the_preset_and_the_fix():
 
 
 def test_teacher_summary_names_the_intermediate_stage():
-    from embed_lib.cli_args import teacher_summary
+    from embed_lib.cli.args import teacher_summary
 
     record = {"config": {"model": "minilm", "folds": 3, "epochs": 1}, "preset": "light", "seconds": 900.0,
               "quality": {"test": {"teacher_spearman": 0.84, "cosine_spearman": 0.82, "error_correlation": 0.6,
@@ -67,8 +67,8 @@ def test_retrieval_refuses_a_graded_task(stsb_embedded, capsys):
 
 
 def test_teacher_command_and_encoder_backend_flags(capsys):
-    from embed_lib.cli import build_parser
-    from embed_lib.cli_args import encoder_config
+    from embed_lib.cli.parser import build_parser
+    from embed_lib.cli.args import encoder_config
 
     args = build_parser().parse_args(["baseline", "--task", "stsb", "--encoder-backend", "onnx-int8"])
     assert encoder_config(args).backend == "onnx-int8"
@@ -83,8 +83,8 @@ def test_the_gate_trains_on_its_target_alone_unless_asked_everywhere_a_config_is
     """--gate-task-grad on the command line, in the sweep's search space and start points."""
     import optuna
 
-    from embed_lib.cli import build_parser
-    from embed_lib.cli_args import adapter_config
+    from embed_lib.cli.parser import build_parser
+    from embed_lib.cli.args import adapter_config
     from sweeps.pair_residual import SPACE_KEYS, START_POINTS, space
 
     args = build_parser().parse_args(["train", "--task", "stsb"])
@@ -109,7 +109,7 @@ def test_a_command_ends_without_the_exit_collection_but_runs_its_exit_handlers()
 
     code = ("import atexit, gc, sys\n"
             "atexit.register(lambda: print('frozen at exit:', gc.get_freeze_count() > 0))\n"  # runs after the freeze
-            "from embed_lib.cli_args import skip_exit_collection\n"
+            "from embed_lib.cli.args import skip_exit_collection\n"
             "skip_exit_collection()\n"
             "atexit.register(lambda: print('handler ran, frozen yet:', gc.get_freeze_count() > 0))\n"
             "sys.stdout.write('result, unflushed')\n")

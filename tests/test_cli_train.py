@@ -4,7 +4,7 @@ from __future__ import annotations
 import json
 
 
-from embed_lib.cli import main
+from embed_lib.cli.parser import main
 
 
 def test_train_logs_config_metrics_and_plots_to_mlflow(tmp_path, stsb_embedded, capsys):
@@ -21,7 +21,7 @@ def test_train_logs_config_metrics_and_plots_to_mlflow(tmp_path, stsb_embedded, 
     assert run.data.params["adapter"] == "pair_gated" and run.data.params["gamma"] == "0.1"
     assert {"delta_val_mean", "delta_test_mean", "baseline/test/spearman", "train/gate_fit_mean"} <= set(run.data.metrics)
     assert len(client.get_metric_history(run.info.run_id, "seed/delta_val")) == 2  # one point per seed
-    assert len(client.get_metric_history(run.info.run_id, "val_delta_mean")) == 2  # one point per epoch
+    assert len(client.get_metric_history(run.info.run_id, "epoch/delta_val_mean")) == 2  # one point per epoch
     assert run.data.tags["git_commit"] and run.data.tags["split.test"].endswith("first 300 pairs")
     paths = {a.path for a in client.list_artifacts(run.info.run_id)}
     assert {"config.json", "encoder_manifest.json", "plots"} <= paths
@@ -43,7 +43,7 @@ def test_a_new_store_keeps_every_artifact_beside_it(tmp_path, monkeypatch):
     directory (a Ray job's temporary copy of the tree), and ours opens as model training in MLflow 3's UI."""
     import mlflow
 
-    from embed_lib.tracking import set_experiment
+    from embed_lib.tracking.runs import set_experiment
 
     monkeypatch.chdir(tmp_path)
     monkeypatch.delenv("MLFLOW_ARTIFACT_ROOT", raising=False)

@@ -6,10 +6,10 @@ import json
 import numpy as np
 import pytest
 
-from embed_lib.cross_encoder import (PairCrossEncoder, calibrate, find_version, log_cross_encoder, model_name,
-                                     served_teacher)
-from embed_lib.tasks import load_splits
-from embed_lib.teacher import TeacherConfig
+from embed_lib.teacher.cross_encoder import PairCrossEncoder, calibrate, served_teacher
+from embed_lib.tracking.cross_encoder_registry import find_version, log_cross_encoder, model_name
+from embed_lib.data.tasks import load_splits
+from embed_lib.teacher.config import TeacherConfig
 
 TINY = TeacherConfig(folds=2, epochs=1, batch_size=8, max_length=32, early_stopping_fraction=0.0)
 
@@ -65,7 +65,7 @@ def test_registered_as_cross_encoder_of_the_task(served, tmp_path):
 
     _, _, _, folder, record = served
     uri = f"sqlite:///{tmp_path}/mlflow.db"
-    from embed_lib.tracking import set_experiment
+    from embed_lib.tracking.runs import set_experiment
 
     set_experiment("teacher-test", uri)
     client = mlflow.MlflowClient(uri, registry_uri=uri)
@@ -85,7 +85,7 @@ def test_registered_as_cross_encoder_of_the_task(served, tmp_path):
     example = model.input_example
     assert list(example.columns) == ["sentence1", "sentence2"] and len(model.predict(example)) == len(example)
     # what the service's cross_encoder option does with a models:/ URI: download, then load the folder
-    from embed_lib.cross_encoder import resolve_cross_encoder
+    from embed_lib.tracking.cross_encoder_registry import resolve_cross_encoder
 
     local = resolve_cross_encoder("models:/cross-encoder-stsb@current", uri)
     assert PairCrossEncoder(local).record["teacher_key"] == record["teacher_key"]

@@ -10,8 +10,8 @@ import numpy as np
 import pandas as pd
 import pytest
 
-from embed_lib.custom_tasks import CustomTask, register, slug_of
-from embed_lib.tasks import CUSTOM, load_splits
+from embed_lib.data.custom_tasks import CustomTask, register, slug_of
+from embed_lib.data.tasks import CUSTOM, load_splits
 
 SIZES = {"train": 120, "validation": 40, "test": 40}
 
@@ -112,8 +112,8 @@ def test_graded_labels_need_a_declared_scale_and_names_are_slugs(pairs_frame, tm
 
 def test_a_registered_task_trains_like_a_built_in_one(pairs_frame, tmp_path, encoder):
     from embed_lib.config import AdapterConfig
-    from embed_lib.study import load_study
-    from embed_lib.train import train_seed_group
+    from embed_lib.pipeline.prepare import load_study
+    from embed_lib.training.seed_group import train_seed_group
 
     name = register(CustomTask.from_args(_write(pairs_frame, tmp_path / "reg.csv"), ("a", "b"), "score", (0, 5)))
     assert name == "reg" and name in CUSTOM
@@ -136,6 +136,17 @@ def test_baseline_command_on_a_pair_file(pairs_frame, tmp_path):
     rows = json.loads(out.with_suffix(".json").read_text())["rows"]
     assert {(r["task"], r["split"]) for r in rows} == {("my_pairs", s) for s in SIZES}
     assert all(0.5 < r["spearman"] <= 1 for r in rows)  # the frozen cosine on real STS-B pairs
+
+
+def test_baseline_of_a_file_for_evaluation_only(pairs_frame, tmp_path):
+    """The README's evaluation-only example: a file with one split (it failed with the bare `error: 'train'`)."""
+    path = _write(pairs_frame[pairs_frame.split == "test"].drop(columns="split"), tmp_path / "pairs.csv")
+    out = tmp_path / "baseline.md"
+    proc = _cli("baseline", "--task", path, "--text-columns", "a,b", "--label-column", "score", "--label-range", "0,5",
+                "--split", "test", "--out", str(out), cwd=tmp_path)
+    assert proc.returncode == 0, proc.stderr
+    (row,) = json.loads(out.with_suffix(".json").read_text())["rows"]
+    assert (row["split"], row["n"]) == ("test", 40) and 0.5 < row["spearman"] <= 1
 
 
 def test_a_bad_file_fails_in_one_line_and_writes_nothing(pairs_frame, tmp_path):

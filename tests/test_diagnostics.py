@@ -3,7 +3,7 @@ from __future__ import annotations
 import numpy as np
 import pytest
 
-from embed_lib.diagnostics import baseline_error, headroom, length_collapse
+from embed_lib.training.diagnostics import baseline_error, headroom, length_collapse
 
 
 def test_baseline_error_is_the_residual_of_a_linear_calibration():
@@ -37,9 +37,9 @@ def test_error_floor_null_matches_its_spearman_and_sits_below_shared_errors():
     import numpy as np
 
     from benchmarks.error_floor import _noise_for, independent_null
-    from embed_lib.metrics import spearman
-    from embed_lib.signals import rank_normalise
-    from embed_lib.teacher import error_correlation
+    from embed_lib.training.metrics import spearman
+    from embed_lib.training.signals import rank_normalise
+    from embed_lib.teacher.scores import error_correlation
 
     rng = np.random.default_rng(0)
     y = rng.uniform(0, 5, 2000)

@@ -4,9 +4,9 @@ from __future__ import annotations
 import numpy as np
 import pytest
 
-from embed_lib.cache import EmbeddingCache
+from embed_lib.encoding.cache import EmbeddingCache
 from embed_lib.config import EncoderConfig
-from embed_lib.tasks import load_task
+from embed_lib.data.tasks import load_task
 
 pytestmark = pytest.mark.integration
 
@@ -21,7 +21,7 @@ def ray_local(ray_cluster):
 
 
 def test_actor_pool_encoding_equals_single_process_and_fills_the_same_cache(ray_local, encoder, tmp_path):
-    from embed_lib.distributed import DistributedEncoder
+    from embed_lib.pipeline.distributed import DistributedEncoder
 
     texts = load_task("stsb", "test").texts()[:300]
     dist = DistributedEncoder(EncoderConfig(), workers=2, cpus_per_worker=0.5, memo_dir=tmp_path, shard_size=64)
@@ -38,7 +38,7 @@ def test_actor_pool_encoding_equals_single_process_and_fills_the_same_cache(ray_
 
 
 def test_precompute_embeddings_reports_cache_use(ray_local, tmp_path):
-    from embed_lib.distributed import precompute_embeddings
+    from embed_lib.pipeline.distributed import precompute_embeddings
 
     first = precompute_embeddings("mrpc", EncoderConfig(), cache_dir=tmp_path, workers=2, limit=40)
     second = precompute_embeddings("mrpc", EncoderConfig(), cache_dir=tmp_path, workers=2, limit=40)

@@ -4,7 +4,7 @@ import numpy as np
 import pytest
 
 from embed_lib.config import EncoderConfig
-from embed_lib.encoders import FrozenEncoder
+from embed_lib.encoding.encoders import FrozenEncoder
 
 SHORT = ["A dog runs.", "Tea is hot.", "He sings.", "Rain fell."]
 LONG = [" ".join(["The committee, which had met on several occasions during the long and contentious "

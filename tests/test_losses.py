@@ -5,7 +5,7 @@ import math
 import pytest
 import torch
 
-from embed_lib import losses
+from embed_lib.training import losses
 
 
 def test_cosent_by_hand():

@@ -5,7 +5,7 @@ import pytest
 from scipy import stats
 from sklearn.metrics import accuracy_score, average_precision_score, f1_score, roc_auc_score
 
-from embed_lib.metrics import best_threshold, cosine, evaluate
+from embed_lib.training.metrics import best_threshold, cosine, evaluate
 
 
 def _brute_force(s, y):

@@ -4,10 +4,10 @@ from __future__ import annotations
 import numpy as np
 import pytest
 
-from embed_lib import onnx_backend as O
-from embed_lib.cache import cache_key
+from embed_lib.encoding import onnx_backend as O
+from embed_lib.encoding.cache import cache_key
 from embed_lib.config import EncoderConfig, backend_of, manifest_fields
-from embed_lib.tasks import load_splits
+from embed_lib.data.tasks import load_splits
 
 
 @pytest.fixture(scope="module")
@@ -20,7 +20,7 @@ def sentences(data_dir) -> list[str]:
 def onnx_encoder(tmp_path_factory):
     import os
 
-    from embed_lib.encoders import FrozenEncoder
+    from embed_lib.encoding.encoders import FrozenEncoder
 
     old = os.environ.get("EMBED_CACHE_DIR")
     os.environ["EMBED_CACHE_DIR"] = str(tmp_path_factory.mktemp("onnx_cache"))
@@ -81,7 +81,7 @@ def _with_backend(encoder, backend: str):
 
 
 def test_cross_encoder_onnx_logits_equal_torch(tmp_path):
-    from embed_lib.cross_encoder import PairCrossEncoder
+    from embed_lib.teacher.cross_encoder import PairCrossEncoder
 
     pairs = [("A man is playing a guitar.", "A man plays the guitar."), ("A cat sleeps.", "Stocks fell on Monday."),
              ("ok", "The committee will publish its report next spring.")]

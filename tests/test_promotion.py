@@ -11,7 +11,7 @@ import json
 import mlflow
 import pytest
 
-from embed_lib.promotion import Evidence, decide, encoder_description, with_figure
+from embed_lib.tracking.promotion import Evidence, decide, encoder_description, with_figure
 
 FULL = Evidence(task="stsb", val_fingerprint="a" * 16, val_pairs=1500, encoder_key="k1",
                 encoder="encoder=minilm revision=None backend=torch quantization=None tau_attn=1.0 pooling=mean",
@@ -63,8 +63,8 @@ def test_evidence_round_trips_through_tags_and_a_partial_record_is_none():
 # ---- round trips through a real MLflow store ----
 
 def _study(stsb_embedded, n_val: int, n_train: int = 300):
-    from embed_lib.cache import EmbeddedSplit, EmbeddedTask
-    from embed_lib.study_data import prepare_study
+    from embed_lib.encoding.cache import EmbeddedSplit, EmbeddedTask
+    from embed_lib.training.tensors import prepare_study
 
     keep = {"train": n_train, "validation": n_val, "test": 100}
     splits = {k: EmbeddedSplit(s.data.subset(keep[k]), s.ia[: keep[k]], s.ib[: keep[k]])
@@ -77,7 +77,7 @@ def _study(stsb_embedded, n_val: int, n_train: int = 300):
 def groups(stsb_embedded):
     """(full-validation study, its group, smoke-sized study, its group): what `make run` and a smoke test register."""
     from embed_lib.config import AdapterConfig
-    from embed_lib.train import train_seed_group
+    from embed_lib.training.seed_group import train_seed_group
 
     cfg = AdapterConfig(adapter="pair_gated", target="lexical", n_seeds=2, epochs=1, width=16, hidden=16)
     full, smoke = _study(stsb_embedded, 150), _study(stsb_embedded, 48, n_train=48)
@@ -85,8 +85,8 @@ def groups(stsb_embedded):
 
 
 def _register(tracking_uri, name, result, data, figure=None):
-    from embed_lib.registry import evidence_of, log_adapter_model, promote
-    from embed_lib.tracking import set_experiment
+    from embed_lib.tracking.registry import evidence_of, log_adapter_model, promote
+    from embed_lib.tracking.runs import set_experiment
 
     set_experiment("promotion-tests", tracking_uri)
     with mlflow.start_run():
@@ -106,7 +106,7 @@ def store(tmp_path):
 
 
 def test_a_smoke_run_after_a_real_sweep_leaves_the_served_champion_where_it_was(groups, store):
-    from embed_lib.registry import model_name
+    from embed_lib.tracking.registry import model_name
     from serving.model import load_model, pinned_uri
 
     uri, client = store
@@ -131,7 +131,7 @@ def test_a_smoke_run_after_a_real_sweep_leaves_the_served_champion_where_it_was(
 
 
 def test_a_worse_comparable_version_cannot_take_champion_and_a_better_one_does(groups, store):
-    from embed_lib.registry import model_name
+    from embed_lib.tracking.registry import model_name
 
     uri, client = store
     full, group, _, _ = groups
@@ -150,8 +150,8 @@ def test_a_worse_comparable_version_cannot_take_champion_and_a_better_one_does(g
 
 
 def test_every_version_carries_its_fingerprint_encoder_key_and_promotion_record(groups, store):
-    from embed_lib.cache import cache_key
-    from embed_lib.registry import history, model_name
+    from embed_lib.encoding.cache import cache_key
+    from embed_lib.tracking.registry import history, model_name
 
     uri, client = store
     full, full_group, smoke, smoke_group = groups
@@ -164,8 +164,8 @@ def test_every_version_carries_its_fingerprint_encoder_key_and_promotion_record(
 
 
 def test_an_explicit_promote_and_rollback_are_recorded_as_manual(groups, store, capsys):
-    from embed_lib.cli import main
-    from embed_lib.registry import model_name
+    from embed_lib.cli.parser import main
+    from embed_lib.tracking.registry import model_name
 
     uri, client = store
     full, group, smoke, smoke_group = groups
@@ -189,7 +189,7 @@ def test_an_explicit_promote_and_rollback_are_recorded_as_manual(groups, store, 
 
 
 def test_the_registry_command_names_the_fix_for_a_missing_model_or_version(store, capsys):
-    from embed_lib.cli import main
+    from embed_lib.cli.parser import main
 
     uri, _ = store
     assert main(["registry", "--tracking-uri", uri, "--task", "mrpc"]) == 2
@@ -200,7 +200,7 @@ def test_serving_pins_the_alias_once_even_when_it_moves_during_loading(groups, s
     """The alias moves to version 2 right after the first registry read: the manifest and the weights must both
     still come from version 1, the version the application was pinned to."""
     import serving.model
-    from embed_lib.registry import model_name
+    from embed_lib.tracking.registry import model_name
     from serving.app import build_app
 
     uri, client = store

@@ -39,9 +39,9 @@ def tiny_qwen3(tmp_path_factory):
 def test_last_token_pooling_left_padding_and_the_prompt_flow_through(tiny_qwen3):
     from sentence_transformers import SentenceTransformer
 
-    from embed_lib.cache import cache_key
+    from embed_lib.encoding.cache import cache_key
     from embed_lib.config import EncoderConfig
-    from embed_lib.encoders import FrozenEncoder
+    from embed_lib.encoding.encoders import FrozenEncoder
 
     enc = FrozenEncoder(EncoderConfig(model=tiny_qwen3, prompt_name="query", batch_size=4))
     m = enc.manifest()

@@ -6,7 +6,7 @@ import math
 import numpy as np
 import pytest
 
-from embed_lib import retrieval as R
+from embed_lib.training import retrieval as R
 
 
 def test_metrics_match_hand_computed_values_on_a_toy_corpus():

@@ -2,7 +2,7 @@ from __future__ import annotations
 
 import pytest
 
-from embed_lib.selection import leaderboard, no_winner_reason, rule_failures, select_winner, to_markdown
+from embed_lib.training.selection import leaderboard, no_winner_reason, rule_failures, select_winner, to_markdown
 
 
 def _row(trial, mean, positive, gamma, n=5):

@@ -26,11 +26,11 @@ def _register(tracking_uri, data, seed0=0, manifest_override=None):
     import mlflow
 
     from embed_lib.config import AdapterConfig
-    from embed_lib.promotion import with_figure
-    from embed_lib.registry import evidence_of, log_adapter_model, model_name, promote
-    from embed_lib.train import train_seed_group
+    from embed_lib.tracking.promotion import with_figure
+    from embed_lib.tracking.registry import evidence_of, log_adapter_model, model_name, promote
+    from embed_lib.training.seed_group import train_seed_group
 
-    from embed_lib.tracking import set_experiment
+    from embed_lib.tracking.runs import set_experiment
 
     set_experiment("serving-tests", tracking_uri)  # explicit: other tests leave MLflow's fluent state behind
     cfg = AdapterConfig(adapter="pair_gated", target="lexical", n_seeds=2, epochs=2, seed0=seed0, width=32, hidden=32)
@@ -50,8 +50,8 @@ def served(ray_cluster, stsb_embedded, tmp_path_factory):
     import ray
     from ray import serve
 
-    from embed_lib.cache import EmbeddedSplit, EmbeddedTask
-    from embed_lib.study_data import prepare_study
+    from embed_lib.encoding.cache import EmbeddedSplit, EmbeddedTask
+    from embed_lib.training.tensors import prepare_study
     from serving.app import build_app
 
     keep = {"train": 300, "validation": 150, "test": 150}
@@ -74,8 +74,8 @@ def served(ray_cluster, stsb_embedded, tmp_path_factory):
 
 
 def _offline(served, encoder, pairs, uri="models:/pair-residual-stsb@champion"):
-    from embed_lib.export import ensemble_scores
-    from embed_lib.registry import load_registered
+    from embed_lib.training.export import ensemble_scores
+    from embed_lib.tracking.registry import load_registered
 
     model, _, _ = load_registered(uri, served["tracking_uri"])
     xa = encoder.encode([a for a, _ in pairs])
@@ -304,8 +304,8 @@ def test_a_served_cross_encoder_scores_concurrent_requests_like_the_library(serv
     from ray import serve
     from sentence_transformers import CrossEncoder
 
-    from embed_lib.cross_encoder import PairCrossEncoder
-    from embed_lib.encoders import resolve_model
+    from embed_lib.teacher.cross_encoder import PairCrossEncoder
+    from embed_lib.encoding.weights import resolve_model
     from serving.app import build_app
 
     torch.manual_seed(0)

@@ -37,7 +37,7 @@ class _FakeEncoder:
 def _model(form="pair_gated", dim=8, seeds=(0, 1)):
     import torch
 
-    from embed_lib.adapters import PairAdapter
+    from embed_lib.training.adapters import PairAdapter
 
     model = PairAdapter(form, dim, list(seeds)).eval()
     with torch.no_grad():
@@ -64,7 +64,7 @@ def test_lru_is_bounded_and_counts_hits_and_misses():
 
 
 def test_projection_cache_reuses_projections_and_matches_the_plain_path():
-    from embed_lib.export import ensemble_scores
+    from embed_lib.training.export import ensemble_scores
     from serving.scorer import LRU, projections
 
     model = _model()
@@ -83,7 +83,7 @@ def test_projection_cache_reuses_projections_and_matches_the_plain_path():
 
 
 def test_pair_scorer_scores_like_the_library_fetches_once_and_forgets_projections_on_a_swap():
-    from embed_lib.export import ensemble_scores
+    from embed_lib.training.export import ensemble_scores
     from serving.scorer import PairScorer
 
     rng = np.random.default_rng(1)

@@ -3,8 +3,8 @@ from __future__ import annotations
 import numpy as np
 import pytest
 
-from embed_lib.signals import (SURFACE_CAPS, ce_margin, jaccard, lexical_hard, per_sentence_mean, rank_normalise,
-                               surface_complexity, surface_features)
+from embed_lib.training.signals import (SURFACE_CAPS, ce_margin, jaccard, lexical_hard, per_sentence_mean,
+                                        rank_normalise, surface_complexity, surface_features)
 
 
 def test_surface_features_by_hand():

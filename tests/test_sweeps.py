@@ -35,10 +35,11 @@ def test_smoke_sweep_through_ray_job_submit(sweep_env):
     assert exp.tags["mlflow.experimentKind"] == "custom_model_development"
     assert {i.dataset.name for i in parent.inputs.dataset_inputs} == {"stsb-train", "stsb-validation", "stsb-test"}
     for r in trials:
-        assert {"delta_val_mean", "delta_val_positive", "val_delta_mean", "transfer_delta_min",
+        assert {"delta_val_mean", "delta_val_positive", "objective", "transfer_delta_min",
                 "transfer/paws/delta_min", "transfer/qqp/delta_mean"} <= set(r.data.metrics)
         assert len(client.get_metric_history(r.info.run_id, "seed/delta_val")) == 2  # two seeds
-        assert len(client.get_metric_history(r.info.run_id, "val_delta_mean")) >= 2  # epochs + final
+        assert len(client.get_metric_history(r.info.run_id, "objective")) >= 2  # epochs + final
+        assert len(client.get_metric_history(r.info.run_id, "epoch/delta_val_mean")) == 2  # the curve: one per epoch
 
 
 def test_per_sentence_sweep_smoke(sweep_env):
@@ -59,7 +60,7 @@ def test_a_sweep_on_your_own_pair_file_through_ray_job_submit(sweep_env, tmp_pat
     experiment sweep-<name>, the dataset as the run's input, the winner registered as pair-residual-<name>."""
     import pandas as pd
 
-    from embed_lib.tasks import load_splits
+    from embed_lib.data.tasks import load_splits
 
     d = load_splits("stsb", ("train",), data_dir)["train"]
     pd.DataFrame({"q1": d.sentence1[:300], "q2": d.sentence2[:300], "sim": d.raw_label[:300]}).to_csv(

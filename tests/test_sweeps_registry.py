@@ -20,7 +20,7 @@ pytestmark = pytest.mark.integration
 
 @pytest.mark.slow
 def test_grid_sweep_registers_champion_then_challenger(sweep_env, stsb_embedded):
-    from embed_lib.commands import baseline_rows
+    from embed_lib.cli.commands import baseline_rows
 
     frozen_val = {r["split"]: r for r in baseline_rows(stsb_embedded)}["validation"]["spearman"]
     args = ["--task", "stsb", "--no-teacher", "--search", "grid", "--grid", "adapter=pair_gated",
@@ -47,7 +47,7 @@ def test_grid_sweep_registers_champion_then_challenger(sweep_env, stsb_embedded)
         assert tags["val_pairs"] == str(len(stsb_embedded.splits["validation"].ia)) and tags["encoder_key"] and json.loads(tags["promotion"])["reason"]
     assert str(client.get_model_version_by_alias("pair-residual-stsb", "champion").version) == "1"
     assert str(client.get_model_version_by_alias("pair-residual-stsb", "challenger").version) == "2"
-    from embed_lib.registry import load_registered
+    from embed_lib.tracking.registry import load_registered
 
     model, cfg, manifest = load_registered("models:/pair-residual-stsb@champion", sweep_env["MLFLOW_TRACKING_URI"])
     assert cfg.adapter == "pair_gated" and cfg.n_seeds == 2 and manifest["encoder"] == "minilm"

@@ -6,7 +6,7 @@ import numpy as np
 import pandas as pd
 import pytest
 
-from embed_lib.tasks import SPLITS, get_task, load_splits, load_task
+from embed_lib.data.tasks import SPLITS, get_task, load_splits, load_task
 
 
 @pytest.mark.parametrize("task,counts", [

@@ -9,12 +9,14 @@ import numpy as np
 import pytest
 import torch
 
-from embed_lib import teacher as T
-from embed_lib import teacher_fit as F
-from embed_lib import teacher_intermediate as I
-from embed_lib.tasks import load_splits
-from embed_lib.teacher import TeacherConfig, teacher_key, teacher_scores
-from embed_lib.teacher_intermediate import warm_start
+from embed_lib.teacher import config as TC
+from embed_lib.teacher import scores as T
+from embed_lib.teacher import recipe
+from embed_lib.teacher import intermediate as I
+from embed_lib.data.tasks import load_splits
+from embed_lib.teacher.config import TeacherConfig
+from embed_lib.teacher.scores import teacher_key, teacher_scores
+from embed_lib.teacher.intermediate import warm_start
 
 TINY = TeacherConfig(folds=2, epochs=2, batch_size=8, max_length=32, early_stopping_fraction=0.25)
 
@@ -60,15 +62,15 @@ def test_no_train_pair_is_scored_by_a_model_that_trained_on_it(tiny_splits, tmp_
         ce.seen |= {tuple(p) for p in pairs} | {tuple(p) for p in (es_pairs or [])}
         return [{"epoch": 1, "train_loss": 0.0, "seconds": 1.0, "pairs_per_s": 1.0, "early_stopping_spearman": 0.0}]
 
-    real_predict = F.predict
+    real_predict = recipe.predict
 
     def spy_predict(ce, pairs, cfg):
         scored.append((ce, [tuple(p) for p in pairs]))
         return real_predict(ce, pairs, cfg)
 
     monkeypatch.setattr(T, "_load", fake_load)
-    monkeypatch.setattr(F, "fit", fake_fit)
-    monkeypatch.setattr(F, "predict", spy_predict)
+    monkeypatch.setattr(recipe, "fit", fake_fit)
+    monkeypatch.setattr(recipe, "predict", spy_predict)
     cfg = TeacherConfig(folds=3, epochs=1, batch_size=8, max_length=32, early_stopping_fraction=0.2)
     teacher_scores(tiny_splits, cfg, tmp_path)
     train = tiny_splits["train"]
@@ -87,17 +89,17 @@ def test_no_train_pair_is_scored_by_a_model_that_trained_on_it(tiny_splits, tmp_
 def test_both_orders_are_averaged():
     ce = _FakeCE()
     pairs = [["ab", "abcd"], ["abcde", "a"]]
-    one = F.predict(ce, pairs, TeacherConfig(both_orders=False))
-    both = F.predict(ce, pairs, TeacherConfig(both_orders=True))
+    one = recipe.predict(ce, pairs, TeacherConfig(both_orders=False))
+    both = recipe.predict(ce, pairs, TeacherConfig(both_orders=True))
     np.testing.assert_allclose(one, [2 - 8, 5 - 2])
     np.testing.assert_allclose(both, [((2 - 8) + (4 - 4)) / 2, ((5 - 2) + (1 - 10)) / 2])
-    np.testing.assert_allclose(F.predict(ce, [[b, a] for a, b in pairs], TeacherConfig()), both)
+    np.testing.assert_allclose(recipe.predict(ce, [[b, a] for a, b in pairs], TeacherConfig()), both)
 
 
 def test_length_batches_cover_every_index_once_and_group_lengths():
     rng = np.random.default_rng(0)
     lengths = rng.integers(5, 200, size=1000)
-    batches = F.length_batches(lengths, 16, np.random.default_rng(1), bucket_batches=50)
+    batches = recipe.length_batches(lengths, 16, np.random.default_rng(1), bucket_batches=50)
     flat = np.concatenate(batches)
     assert sorted(flat.tolist()) == list(range(1000))
     spread = np.mean([np.ptp(lengths[b]) for b in batches])
@@ -115,15 +117,15 @@ def test_bucketed_batch_loss_equals_unbucketed(tiny_splits):
     pairs, y = T._pairs(train, np.arange(8)), torch.as_tensor(train.label[:8], dtype=torch.float32)
     loss = torch.nn.BCEWithLogitsLoss(reduction="sum")
     with torch.no_grad():
-        whole = loss(F.logits(ce, pairs), y) / 8
+        whole = loss(recipe.logits(ce, pairs), y) / 8
         order = np.argsort([len(a) + len(b) for a, b in pairs])
-        parts = sum(loss(F.logits(ce, [pairs[i] for i in idx]), y[idx]) for idx in (order[:4], order[4:])) / 8
+        parts = sum(loss(recipe.logits(ce, [pairs[i] for i in idx]), y[idx]) for idx in (order[:4], order[4:])) / 8
     assert float(whole) == pytest.approx(float(parts), abs=1e-5)
 
 
 def test_no_weight_decay_on_biases_and_norms():
     model = torch.nn.Sequential(torch.nn.Linear(4, 4), torch.nn.LayerNorm(4))
-    decay, no_decay = F.param_groups(model, 0.01)
+    decay, no_decay = recipe.param_groups(model, 0.01)
     assert decay["weight_decay"] == 0.01 and [p.shape for p in decay["params"]] == [torch.Size([4, 4])]
     assert no_decay["weight_decay"] == 0.0 and len(no_decay["params"]) == 3
 
@@ -140,14 +142,14 @@ def test_error_correlation_and_rank_average():
 
 
 def test_presets():
-    assert T.preset_of(T.teacher_preset("strong")) == "strong"
-    assert T.preset_of(T.teacher_preset("light", model="minilm")) == "light"
-    assert T.teacher_preset("light").epochs == 1
-    assert T.teacher_preset("light").intermediate == T.teacher_preset("strong").intermediate == "others"
-    assert T.teacher_preset("light", intermediate="").intermediate == ""  # a stage can be switched off
-    assert T.teacher_preset("strong", model="x", pretrained=True).intermediate == ""  # nothing to train
+    assert TC.preset_of(TC.teacher_preset("strong")) == "strong"
+    assert TC.preset_of(TC.teacher_preset("light", model="minilm")) == "light"
+    assert TC.teacher_preset("light").epochs == 1
+    assert TC.teacher_preset("light").intermediate == TC.teacher_preset("strong").intermediate == "others"
+    assert TC.teacher_preset("light", intermediate="").intermediate == ""  # a stage can be switched off
+    assert TC.teacher_preset("strong", model="x", pretrained=True).intermediate == ""  # nothing to train
     with pytest.raises(ValueError, match=r"Unknown teacher preset 'huge'. Valid presets: \['light', 'strong'\]"):
-        T.teacher_preset("huge")
+        TC.teacher_preset("huge")
 
 
 def test_key_depends_on_config_and_data(tiny_splits):
@@ -182,7 +184,7 @@ def test_the_intermediate_stage_reads_only_other_tasks_train_pairs(tiny_splits, 
         return [{"epoch": 1, "train_loss": 0.0, "seconds": 1.0, "pairs_per_s": 1.0, "early_stopping_spearman": 0.0}]
 
     monkeypatch.setattr(T, "_load", fake_load)
-    monkeypatch.setattr(F, "fit", fake_fit)
+    monkeypatch.setattr(recipe, "fit", fake_fit)
     cfg = TeacherConfig(folds=2, epochs=1, batch_size=8, max_length=32, intermediate="others", intermediate_pairs=150)
     _, record = teacher_scores(tiny_splits, cfg, tmp_path)
     stage, *folds = made
@@ -233,6 +235,6 @@ def test_a_real_intermediate_stage_round_trips_through_its_folder(tiny_splits, t
     for seed in (0, 1):  # a fresh head would differ between the two loads; the stage's trained head does not
         torch.manual_seed(seed)
         loaded.append(T._load(cfg, "cpu", folder))
-    np.testing.assert_allclose(F.predict(loaded[0], pairs, cfg), F.predict(loaded[1], pairs, cfg), rtol=1e-5)
+    np.testing.assert_allclose(recipe.predict(loaded[0], pairs, cfg), recipe.predict(loaded[1], pairs, cfg), rtol=1e-5)
     body = lambda ce: next(p for n, p in ce.model.named_parameters() if "encoder.layer.0." in n)  # noqa: E731
     assert not torch.equal(body(loaded[0]), body(T._load(cfg, "cpu")))  # the body trained, and was saved

@@ -6,14 +6,14 @@ import numpy as np
 import pytest
 
 from embed_lib.config import AdapterConfig
-from embed_lib.study_data import prepare_study
-from embed_lib.train import train_seed_group
+from embed_lib.training.tensors import prepare_study
+from embed_lib.training.seed_group import train_seed_group
 
 
 @pytest.fixture(scope="module")
 def small(stsb_embedded):
     """STS-B with the first 400 train / 200 validation / 200 test pairs (fast, real vectors)."""
-    from embed_lib.cache import EmbeddedSplit, EmbeddedTask
+    from embed_lib.encoding.cache import EmbeddedSplit, EmbeddedTask
 
     keep = {"train": 400, "validation": 200, "test": 200}
     splits = {k: EmbeddedSplit(s.data.subset(keep[k]), s.ia[: keep[k]], s.ib[: keep[k]])
@@ -99,7 +99,7 @@ def test_config_validation_names_field_and_range():
 def test_declared_bounds_are_checked_at_their_edges():
     # every bounded field of every config: its bounds pass, one step past them fails naming the field
     from embed_lib.config import EncoderConfig
-    from embed_lib.teacher import TeacherConfig
+    from embed_lib.teacher.config import TeacherConfig
 
     checked = 0
     for cls in (EncoderConfig, AdapterConfig, TeacherConfig):
@@ -138,9 +138,9 @@ def test_the_mlflow_model_scores_vectors_and_sentences_like_the_library(small, e
     import mlflow
     import pandas as pd
 
-    from embed_lib.export import ensemble_scores, load_adapter
-    from embed_lib.registry import download_adapter, log_adapter_model
-    from embed_lib.tracking import set_experiment
+    from embed_lib.training.export import ensemble_scores, load_adapter
+    from embed_lib.tracking.registry import download_adapter, log_adapter_model
+    from embed_lib.tracking.runs import set_experiment
 
     tracking = f"sqlite:///{tmp_path / 'mlflow.db'}"
     set_experiment("pyfunc-tests", tracking)
@@ -150,7 +150,7 @@ def test_the_mlflow_model_scores_vectors_and_sentences_like_the_library(small, e
     model = mlflow.pyfunc.load_model(info.model_uri)
     signature = model.metadata.get_input_schema().input_names()
     assert signature == ["sentence1", "sentence2", "emb_a", "emb_b"]  # what the MLflow UI shows a user
-    from embed_lib.registry import INPUT_EXAMPLE
+    from embed_lib.tracking.registry import INPUT_EXAMPLE
 
     assert model.input_example.to_dict("list") == INPUT_EXAMPLE
     texts = [("A man is playing a guitar.", "A man plays the guitar."), ("A cat sleeps.", "Stocks fell sharply.")]
@@ -179,7 +179,7 @@ def _toy_study(seed: int = 0, m: int = 400, d: int = 16, n: int = 1200):
     anchor) ranks pairs only partly right and a pair residual has something known to learn."""
     import torch
 
-    from embed_lib.study_data import SplitTensors, StudyData
+    from embed_lib.training.tensors import SplitTensors, StudyData
 
     g = torch.Generator().manual_seed(seed)
     X = torch.randn(m, d, generator=g)
@@ -204,7 +204,7 @@ def test_training_moves_validation_spearman_on_a_task_with_a_known_answer():
 
 def _with_transfer(data, other):
     """`data` plus the test split of `other` as a transfer split (a stand-in for another task)."""
-    from embed_lib.study_data import StudyData
+    from embed_lib.training.tensors import StudyData
 
     return StudyData(data.task, data.binary, data.X, {**data.splits, "transfer:other": other}, data.sentence_target,
                      data.manifest, data.split_notes)
@@ -224,7 +224,7 @@ def test_transfer_splits_are_scored_per_seed_against_the_frozen_cosine(small):
 
 
 def test_magnitude_penalty_keeps_scores_closer_to_the_anchor():
-    from embed_lib.train import score_split
+    from embed_lib.training.seed_group import score_split
 
     data = _toy_study(1)
     cfg = AdapterConfig(task="stsb", adapter="pair_ungated", target="none", gamma=0.5, epochs=5, lr=3e-3, width=16,
@@ -232,7 +232,7 @@ def test_magnitude_penalty_keeps_scores_closer_to_the_anchor():
     moved = {}
     for lam in (0.0, 10.0):
         r = train_seed_group(dataclasses.replace(cfg, lambda_delta=lam), data)
-        from embed_lib.adapters import PairAdapter
+        from embed_lib.training.adapters import PairAdapter
 
         model = PairAdapter.from_config(r.config, data.X.shape[1])
         model.load_state_dict(r.state_dict)
@@ -244,9 +244,9 @@ def test_magnitude_penalty_keeps_scores_closer_to_the_anchor():
 def test_novelty_gate_leaves_unfamiliar_pairs_at_the_frozen_cosine(small):
     """Familiarity is leave-one-out for training sentences; a pair whose sentence is less familiar than the
     gate's lower bound scores exactly s0."""
-    from embed_lib.adapters import PairAdapter
-    from embed_lib.study_data import novelty_gate
-    from embed_lib.train import score_split
+    from embed_lib.training.adapters import PairAdapter
+    from embed_lib.training.tensors import novelty_gate
+    from embed_lib.training.seed_group import score_split
 
     r = train_seed_group(_cfg(novelty_quantile=0.5), small)
     gate = novelty_gate(small, 0.5)
@@ -283,10 +283,10 @@ def test_a_duplicate_question_transfer_split_is_also_a_retrieval_check():
     command's own helpers (seed_scores, order_by, ranking_metrics) give on the same candidates."""
     import torch
 
-    from embed_lib.adapters import PairAdapter
-    from embed_lib.metrics import cosine
-    from embed_lib.retrieval import CHECK_TOP_K, order_by, ranking_metrics, seed_scores
-    from embed_lib.study_data import SplitTensors, StudyData
+    from embed_lib.training.adapters import PairAdapter
+    from embed_lib.training.metrics import cosine
+    from embed_lib.training.retrieval import CHECK_TOP_K, order_by, ranking_metrics, seed_scores
+    from embed_lib.training.tensors import SplitTensors, StudyData
 
     toy = _toy_study()
     X = toy.X

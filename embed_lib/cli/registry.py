@@ -1,0 +1,70 @@
+"""`python -m embed_lib registry`: a registered model's versions, aliases, figures and why each alias sits where it
+does; `--promote N` / `--rollback` move `champion` deliberately (recorded as manual)."""
+from __future__ import annotations
+
+import argparse
+import json
+
+import mlflow
+
+from embed_lib.tracking.registry import history, model_name, move_champion
+from embed_lib.tracking.runs import default_tracking_uri
+
+
+def add_registry_parser(sub) -> None:
+    p = sub.add_parser("registry", help="versions of pair-residual-<task>: aliases, figures and the recorded reason "
+                                        "of every alias move; --promote / --rollback move champion by hand")
+    p.add_argument("--task", dest="model_task", default="stsb", metavar="TASK",
+                   help="the task whose model is listed: pair-residual-<task> (default stsb)")
+    p.add_argument("--name", default=None, help="the registered model instead (e.g. pair-residual-stsb-smoke)")
+    p.add_argument("--tracking-uri", default=None,
+                   help="MLflow tracking URI (default: $MLFLOW_TRACKING_URI or sqlite:///<cwd>/mlflow.db)")
+    move = p.add_mutually_exclusive_group()
+    move.add_argument("--promote", metavar="VERSION", default=None,
+                      help="make VERSION the champion (a deliberate move, recorded as manual with --reason)")
+    move.add_argument("--rollback", action="store_true",
+                      help="move champion back to the version it was taken from (recorded as manual)")
+    p.add_argument("--reason", default="", help="why, for --promote / --rollback (kept in the record)")
+    p.add_argument("--json", action="store_true", help="print the history as JSON")
+    p.set_defaults(func=cmd_registry)
+
+
+def _event(rec: dict) -> str:
+    how = "manual" if rec.get("manual") else "auto"
+    return (f"{'':>9}-> {rec.get('alias')}: {rec.get('reason')} ({how}, {rec.get('time', '?')}, commit "
+            f"{str(rec.get('git_commit', '?'))[:8]})")
+
+
+def _row(r: dict) -> str:
+    fig = f"{float(r['figure']):+.5f}" if r["figure"] else "?"
+    pairs = f"{int(r['val_pairs']):,}" if r["val_pairs"] else "?"
+    encoder = (r["encoder"] or "?").replace("encoder=", "")
+    events = r["promotion_history"] or ([r["promotion"]] if r["promotion"] else [])
+    lines = [f"{r['version']:>7}  {','.join(r['aliases']) or '-':<19}  {fig:>14}  {pairs:>9}  {encoder}",
+             *(_event(e) for e in events)]
+    if not events:
+        lines.append(f"{'':>9}no recorded promotion (registered before promotion records)")
+    return "\n".join(lines)
+
+
+def cmd_registry(args: argparse.Namespace) -> int:
+    tracking_uri = args.tracking_uri or default_tracking_uri()
+    client = mlflow.MlflowClient(tracking_uri, registry_uri=tracking_uri)
+    name = args.name or model_name(args.model_task)
+    if args.promote is not None or args.rollback:
+        decision = move_champion(name, None if args.rollback else args.promote, args.reason, client)
+        print(f"{name}: champion -> version {client.get_model_version_by_alias(name, 'champion').version} "
+              f"({decision.reason}); recorded as manual")
+    rows = history(name, client)
+    if not rows:
+        raise ValueError(f"No registered model {name!r} in {tracking_uri}. Run a sweep first (make run), or name "
+                         "another with --task / --name / --tracking-uri.")
+    if args.json:
+        print(json.dumps({"name": name, "tracking_uri": tracking_uri, "versions": rows}, indent=2))
+        return 0
+    print(f"{name} in {tracking_uri}\n"
+          f"{'version':>7}  {'aliases':<19}  {'delta_val_mean':>14}  {'val pairs':>9}  encoder\n{'':>9}-> every "
+          "alias move of the version and why (how, when, commit)")
+    for r in rows:
+        print(_row(r))
+    return 0

@@ -1,0 +1,2 @@
+"""What sweeps and commands share: `prepare` (task -> cache -> teacher -> StudyData) and `distributed` (encoding
+sharded over Ray actors, Ray imported only there)."""

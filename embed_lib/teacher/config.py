@@ -1,0 +1,106 @@
+"""How the teacher is obtained: `TeacherConfig`, its named recipes (`PRESETS`) and the intermediate stage's spec.
+
+Below the recipe (`teacher.recipe`), the stage (`teacher.intermediate`) and the scores (`teacher.scores`), which
+all read it; part of the teacher-score cache key.
+"""
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Any
+
+from embed_lib.config import bounded, check_bounds, learning_rate, unit_interval
+from embed_lib.data.tasks import task_names
+
+#: `TeacherConfig.intermediate` value for every built-in task but the teacher's own
+OTHERS = "others"
+
+
+def check_spec(spec: str) -> None:
+    """ValueError unless `spec` is '', 'others' or a comma-separated list of built-in tasks."""
+    if not isinstance(spec, str):
+        raise ValueError(f"TeacherConfig.intermediate={spec!r}; give '', {OTHERS!r} or built-in tasks "
+                         f"separated by commas, from {task_names()}.")
+    unknown = [t for t in spec.split(",") if t.strip() and t.strip() not in task_names()] if spec != OTHERS else []
+    if unknown:
+        raise ValueError(f"TeacherConfig.intermediate names unknown task(s) {unknown}; give '', {OTHERS!r} or "
+                         f"built-in tasks separated by commas, from {task_names()}.")
+
+
+@dataclass(frozen=True)
+class TeacherConfig:
+    """How the teacher is obtained. Part of the teacher-score cache key."""
+
+    #: cross-encoder base weights (fine-tuned) or a pretrained cross-encoder id / path; alias "minilm"
+    model: str = "minilm"
+    #: True: `model` is already a cross-encoder; score without training
+    pretrained: bool = False
+    #: folds of the cross-fitting (every train pair scored by a model that did not see it)
+    folds: int = bounded(3, 2, 20)
+    #: the most epochs per fold; early stopping keeps the best epoch on the fold's early-stopping slice
+    epochs: int = bounded(3, 1, 50)
+    #: epochs without improvement on the early-stopping slice before a fold stops
+    patience: int = bounded(1, 1, 50)
+    #: fraction of each fold's training part held out for early stopping (0: train on all, keep the last epoch)
+    early_stopping_fraction: float = bounded(0.1, 0.0, 0.5)
+    #: peak learning rate; 5e-5 with warmup and decay (2e-5 for one epoch leaves MiniLM below the cosine)
+    lr: float = learning_rate(5e-5)
+    #: fraction of the steps spent warming the learning rate up (linear), before its linear decay to 0
+    warmup: float = unit_interval(0.1)
+    #: AdamW weight decay (never on norms and biases)
+    weight_decay: float = unit_interval(0.01)
+    #: gradient-norm clip
+    grad_clip: float = bounded(1.0, 0.0, 1e6, low_open=True)
+    #: pairs per step
+    batch_size: int = bounded(16, 2, 1024)
+    #: tokens per pair (both sentences together); longer pairs are truncated
+    max_length: int = bounded(128, 8, 4096)
+    #: train on (a, b) and (b, a) and score as the mean of both orders
+    both_orders: bool = True
+    #: batches of pairs of similar length (shuffled in buckets, batches in random order)
+    length_buckets: bool = True
+    #: intermediate stage (embed_lib.teacher.intermediate): "" (none), "others" (every built-in task but the
+    #: teacher's own) or built-in tasks separated by commas, whose train pairs the backbone learns once
+    #: (one epoch, one order) before the folds start from it
+    intermediate: str = ""
+    #: the most train pairs the intermediate stage takes from each of its tasks (a seeded sample)
+    intermediate_pairs: int = bounded(10000, 100, 10_000_000)
+    seed: int = 0
+
+    def __post_init__(self) -> None:
+        if not isinstance(self.model, str) or not self.model.strip():
+            raise ValueError(f"TeacherConfig.model must be a model id, path or alias; got {self.model!r}.")
+        check_bounds(self)
+        check_spec(self.intermediate)
+        if self.pretrained and self.intermediate:
+            raise ValueError("TeacherConfig.intermediate trains the backbone, and a pretrained teacher is not "
+                             "trained: drop one of them.")
+
+
+#: named recipes. "strong" is the study's teacher; "light" fits a first `make run` on a small CPU machine
+#: (one epoch per fold, no early stopping: about a third of the cost, a little weaker).
+#: Both start the folds from an intermediate stage on the other tasks' train pairs (see teacher_intermediate).
+PRESETS: dict[str, dict[str, Any]] = {
+    "strong": dict(folds=3, epochs=3, patience=1, early_stopping_fraction=0.1, intermediate="others"),
+    "light": dict(folds=3, epochs=1, early_stopping_fraction=0.0, intermediate="others"),
+}
+
+
+def teacher_preset(name: str, **overrides: Any) -> TeacherConfig:
+    """TeacherConfig of a named recipe; `overrides` (model, lr, ...) win over the preset. A pretrained
+    teacher is not trained, so it drops the preset's intermediate stage unless `overrides` names one."""
+    if name not in PRESETS:
+        raise ValueError(f"Unknown teacher preset {name!r}. Valid presets: {sorted(PRESETS)}.")
+    fields = {**PRESETS[name], **overrides}
+    if fields.get("pretrained") and "intermediate" not in overrides:
+        fields["intermediate"] = ""
+    return TeacherConfig(**fields)
+
+
+def preset_of(cfg: TeacherConfig) -> str:
+    """The preset name a config matches (its recipe fields), else 'custom'."""
+    for name, fields in PRESETS.items():
+        if all(getattr(cfg, k) == v for k, v in fields.items()):
+            return name
+    return "custom"
+
+

@@ -1,0 +1,117 @@
+"""The teacher's intermediate stage: its backbone trained once on other tasks' pairs before the folds.
+
+A cross-encoder fine-tuned from a bi-encoder's weights (the default, all-MiniLM-L6-v2) starts without ever
+having attended across a sentence pair, and STS-B's 5.7k training pairs are few to learn that from. A first
+pass over the paraphrase pairs of other tasks (one epoch, one pair order) gives every fold a backbone that
+has (`results/study_notes.md`: one model on all of STS-B train, test 0.818 -> 0.835).
+
+What it may read, so that the teacher's held-out scores stay held out: only the *train* split of each
+intermediate task, and never the teacher's own task (its train pairs are the folds' held-out pairs). The
+stage is cached under <cache>/teacher/intermediate/<key>/, keyed by the backbone, the recipe and the
+intermediate data's fingerprints, and shared by every fold, both presets and the served teacher of a task.
+"""
+from __future__ import annotations
+
+import dataclasses
+import functools
+import hashlib
+import json
+import shutil
+import time
+from pathlib import Path
+from typing import TYPE_CHECKING, Any, Callable
+
+import numpy as np
+
+from embed_lib.data.tasks import PairData, default_data_dir, load_task, task_names
+from embed_lib.teacher import recipe
+from embed_lib.teacher.config import OTHERS
+
+if TYPE_CHECKING:
+    from embed_lib.teacher.config import TeacherConfig
+
+RECORD = "intermediate.json"
+
+
+def intermediate_tasks(spec: str, task: str) -> list[str]:
+    """The tasks of the stage for a teacher of `task`; its own task is refused (its folds would leak)."""
+    names = [t for t in task_names() if t != task] if spec == OTHERS else [t.strip() for t in spec.split(",")
+                                                                           if t.strip()]
+    if task in names:
+        raise ValueError(f"TeacherConfig.intermediate={spec!r} includes the teacher's own task {task!r}: its train "
+                         f"pairs are the folds' held-out pairs. Leave it out, or use {OTHERS!r}.")
+    return sorted(set(names))
+
+
+@functools.lru_cache(maxsize=None)
+def _train_split(name: str, data_dir: Path | None) -> PairData:
+    """A task's train split, read once per process (the teacher's key and its stage both need it)."""
+    try:
+        return load_task(name, "train", data_dir)
+    except Exception as exc:
+        raise ValueError(f"The teacher's intermediate stage reads the train split of {name!r} and could not: {exc} "
+                         "Point $EMBED_DATA_DIR (or --data-dir) at the mirror, or skip the stage with "
+                         "--teacher-intermediate '' (TeacherConfig.intermediate='').") from exc
+
+
+def _splits(cfg: TeacherConfig, split: PairData) -> dict[str, PairData]:
+    """The stage's train splits for a teacher of `split`'s task, from where that task came from (the same
+    mirror; else $EMBED_DATA_DIR or the Hub)."""
+    where = split.mirror_dir() or default_data_dir()  # resolved before the per-process cache of _train_split
+    return {t: _train_split(t, where) for t in intermediate_tasks(cfg.intermediate, split.task)}
+
+
+def _sample(splits: dict[str, PairData], per_task: int, seed: int) -> tuple[list[list[str]], np.ndarray]:
+    """(pairs, labels): a seeded sample of at most `per_task` pairs of each split."""
+    pairs, labels = [], []
+    for d in splits.values():
+        rows = np.sort(np.random.default_rng(seed).permutation(len(d))[:per_task])
+        pairs += [[d.sentence1[i], d.sentence2[i]] for i in rows]
+        labels.append(d.label[rows])
+    return pairs, np.concatenate(labels).astype(np.float32)
+
+
+def stage_config(cfg: TeacherConfig) -> TeacherConfig:
+    """The stage's recipe: the teacher's, for one epoch over one pair order, batches of 32, no early stopping."""
+    return dataclasses.replace(cfg, epochs=1, both_orders=False, batch_size=32, early_stopping_fraction=0.0)
+
+
+def stage_key(cfg: TeacherConfig, split: PairData) -> str | None:
+    """The cache key of the stage a teacher of `split`'s task starts from (the backbone, the recipe and the
+    intermediate data's fingerprints); None without a stage."""
+    if not cfg.intermediate:
+        return None
+    recipe = dataclasses.asdict(stage_config(cfg))
+    recipe = {k: recipe[k] for k in ("model", "lr", "warmup", "weight_decay", "grad_clip", "batch_size",
+                                     "max_length", "length_buckets", "seed", "intermediate_pairs")}
+    prints = {t: d.fingerprint for t, d in _splits(cfg, split).items()}
+    blob = json.dumps({"recipe": recipe, "data": prints, "version": 1}, sort_keys=True)
+    return hashlib.sha256(blob.encode()).hexdigest()[:20]
+
+
+def warm_start(cfg: TeacherConfig, split: PairData, cache_root: Path, load: Callable[[], Any],
+               progress: Callable[[str], None]) -> tuple[str | None, dict[str, Any] | None]:
+    """(folder, record) of the stage for a teacher of `split`'s task, trained once and then read from the
+    cache; (None, None) without a stage. `load()` builds the cross-encoder of the backbone weights."""
+    key = stage_key(cfg, split)
+    if key is None:
+        return None, None
+    folder = cache_root / "intermediate" / key
+    if (folder / RECORD).is_file():
+        return str(folder), json.loads((folder / RECORD).read_text())
+    splits = _splits(cfg, split)
+    pairs, y = _sample(splits, cfg.intermediate_pairs, cfg.seed)
+    t0 = time.perf_counter()
+    ce = load()
+    curve = recipe.fit(ce, pairs, y, stage_config(cfg), cfg.seed, progress=lambda m: progress(f"intermediate stage: {m}"))
+    record = {"tasks": list(splits), "pairs": len(pairs), "fingerprints": {t: d.fingerprint for t, d in splits.items()},
+              "curve": curve, "seconds": round(time.perf_counter() - t0, 1), "key": key}
+    tmp = folder.with_name(folder.name + ".tmp")
+    shutil.rmtree(tmp, ignore_errors=True)
+    ce.save_pretrained(str(tmp), safe_serialization=True)
+    (tmp / RECORD).write_text(json.dumps(record, indent=2))
+    try:
+        tmp.rename(folder)
+    except OSError:  # another process finished the same stage first: keep its copy
+        shutil.rmtree(tmp, ignore_errors=True)
+    return str(folder), record

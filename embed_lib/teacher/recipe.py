@@ -1,0 +1,146 @@
+"""Fine-tuning and scoring one cross-encoder: the teacher's recipe (see `embed_lib.teacher.scores`).
+
+Both pair orders in training and averaged at scoring, length-bucketed batches, AdamW without weight
+decay on biases and norms, linear warmup then decay, gradient clipping, early stopping on a held-out
+slice with the best epoch's weights restored.
+"""
+from __future__ import annotations
+
+import math
+import time
+from typing import TYPE_CHECKING, Any, Callable
+
+import numpy as np
+import torch
+
+from embed_lib.progress import Progress
+from embed_lib.training.metrics import spearman
+
+if TYPE_CHECKING:
+    from embed_lib.teacher.config import TeacherConfig
+
+
+def length_batches(lengths: np.ndarray, batch_size: int, generator: np.random.Generator,
+                   bucket_batches: int = 50) -> list[np.ndarray]:
+    """Indices in batches of similar length: a random permutation cut into buckets of `bucket_batches`
+    batches, each bucket sorted by length and cut into batches, the batches shuffled. Every index once."""
+    n = len(lengths)
+    perm = generator.permutation(n)
+    span = batch_size * bucket_batches
+    batches = []
+    for s in range(0, n, span):
+        chunk = perm[s: s + span]
+        chunk = chunk[np.argsort(lengths[chunk], kind="stable")]
+        batches += [chunk[i: i + batch_size] for i in range(0, len(chunk), batch_size)]
+    order = generator.permutation(len(batches))
+    return [batches[i] for i in order]
+
+
+def param_groups(model: torch.nn.Module, weight_decay: float) -> list[dict[str, Any]]:
+    """Weight decay on weight matrices only: decaying biases and norm gains pulls them to 0 for nothing."""
+    decay, no_decay = [], []
+    for name, p in model.named_parameters():
+        if not p.requires_grad:
+            continue
+        (no_decay if p.ndim < 2 or "norm" in name.lower() else decay).append(p)
+    return [{"params": decay, "weight_decay": weight_decay}, {"params": no_decay, "weight_decay": 0.0}]
+
+
+def logits(ce, pairs: list[list[str]]) -> torch.Tensor:
+    return logits_of(ce, ce.preprocess(pairs))
+
+
+def logits_of(ce, features: dict) -> torch.Tensor:
+    """(n,) logits of a batch the tokenizer already made (`ce.preprocess`)."""
+    features = {k: v.to(ce.device) if isinstance(v, torch.Tensor) else v for k, v in features.items()}
+    return ce(features)["scores"].view(-1)
+
+
+def predict(ce, pairs: list[list[str]], cfg: TeacherConfig) -> np.ndarray:
+    """Logits (n,), the mean over both orders when cfg.both_orders."""
+    kw = dict(batch_size=max(cfg.batch_size, 32), show_progress_bar=False, activation_fn=torch.nn.Identity())
+    out = np.asarray(ce.predict(pairs, **kw), dtype=np.float64).reshape(-1)
+    if cfg.both_orders:
+        out = (out + np.asarray(ce.predict([[b, a] for a, b in pairs], **kw), dtype=np.float64).reshape(-1)) / 2
+    return out.astype(np.float32)
+
+
+def spearman_or_nan(a: np.ndarray, b: np.ndarray) -> float:
+    """metrics.spearman, NaN where it is undefined (fewer than 3 pairs, a constant side)."""
+    if len(a) < 3 or np.std(a) == 0 or np.std(b) == 0:
+        return float("nan")
+    return spearman(a, b)
+
+
+def fit(ce, pairs: list[list[str]], y: np.ndarray, cfg: TeacherConfig, seed: int,
+        es_pairs: list[list[str]] | None = None, es_y: np.ndarray | None = None,
+        progress: Callable[[str], None] | None = None) -> list[dict[str, float]]:
+    """Fine-tune `ce` in place on (pairs, y); returns the per-epoch curve. With an early-stopping slice the
+    best epoch's weights are restored and training stops after `patience` epochs without improvement."""
+    # dropout draws from torch's global generator (transformers takes no generator): seed it inside a fork so
+    # the caller's random state is left as it was
+    with torch.random.fork_rng(devices=[]):
+        torch.manual_seed(seed)
+        return _fit_epochs(ce, pairs, y, cfg, np.random.default_rng(seed), es_pairs, es_y, progress)
+
+
+def warmup_then_decay(opt: torch.optim.Optimizer, total: int, warmup: float) -> torch.optim.lr_scheduler.LambdaLR:
+    """Linear warmup over the first `warmup` fraction of the steps, then linear decay to 0."""
+    warm = max(1, int(warmup * total))
+    return torch.optim.lr_scheduler.LambdaLR(
+        opt, lambda s: (s + 1) / warm if s < warm else max(0.0, (total - s) / max(1, total - warm)))
+
+
+def _fit_epochs(ce, pairs, y, cfg, g: np.random.Generator, es_pairs, es_y, progress) -> list[dict[str, float]]:
+    if cfg.both_orders:
+        pairs = pairs + [[b, a] for a, b in pairs]
+        y = np.concatenate([y, y])
+    lengths = np.array([len(a) + len(b) for a, b in pairs])
+    yt = torch.as_tensor(y, dtype=torch.float32)
+    model = ce.model
+    opt = torch.optim.AdamW(param_groups(model, cfg.weight_decay), lr=cfg.lr)
+    steps_per_epoch = math.ceil(len(pairs) / cfg.batch_size)
+    sched = warmup_then_decay(opt, steps_per_epoch * cfg.epochs, cfg.warmup)
+    loss_fn = torch.nn.BCEWithLogitsLoss()
+    curve: list[dict[str, float]] = []
+    best_score, best_state, since_best = -math.inf, None, 0
+    for epoch in range(1, cfg.epochs + 1):
+        model.train()
+        t0, loss_sum = time.perf_counter(), 0.0
+        batches = (length_batches(lengths, cfg.batch_size, g) if cfg.length_buckets
+                   else np.array_split(g.permutation(len(pairs)), steps_per_epoch))
+        ticker = None if progress is None else Progress(len(batches), f"epoch {epoch}/{cfg.epochs}", "batches",
+                                                         emit=progress)
+        for idx in batches:
+            loss = loss_fn(logits(ce, [pairs[j] for j in idx]), yt[idx].to(ce.device))
+            opt.zero_grad(set_to_none=True)
+            loss.backward()
+            torch.nn.utils.clip_grad_norm_(model.parameters(), cfg.grad_clip)
+            opt.step()
+            sched.step()
+            loss_sum += float(loss.detach()) * len(idx)
+            if ticker is not None:
+                ticker.update(1)
+        model.eval()
+        seconds = time.perf_counter() - t0
+        point = {"epoch": epoch, "train_loss": loss_sum / len(pairs), "seconds": round(seconds, 1),
+                 "pairs_per_s": round(len(pairs) / seconds, 1)}
+        if es_pairs:
+            point["early_stopping_spearman"] = spearman_or_nan(predict(ce, es_pairs, cfg), es_y)
+        curve.append(point)
+        if progress is not None:
+            progress(f"epoch {epoch}/{cfg.epochs} done in {seconds:.0f}s ({point['pairs_per_s']} pairs/s)"
+                     + (f", early-stopping Spearman {point['early_stopping_spearman']:.4f}" if es_pairs else ""))
+        if not es_pairs:
+            continue
+        if point["early_stopping_spearman"] > best_score:
+            best_score, since_best = point["early_stopping_spearman"], 0
+            best_state = {k: v.detach().clone() for k, v in model.state_dict().items()}
+        else:
+            since_best += 1
+            if since_best >= cfg.patience:
+                break
+    if best_state is not None:
+        model.load_state_dict(best_state)
+    model.eval()
+    return curve

@@ -1,0 +1,49 @@
+"""MLflow "models from code" definition of a saved adapter (no pickled objects anywhere).
+
+MLflow copies this file into the model; at load time it runs it, and `load_context` reads the
+adapter from safetensors + JSON (`embed_lib.training.export`). `predict` takes a DataFrame with either
+`emb_a` / `emb_b` (cached raw vectors, lists of floats) or `sentence1` / `sentence2` (texts; the
+frozen encoder named in the manifest is loaded once and checked against the manifest's fingerprint),
+and returns `score`, `baseline` and `difficulty` per pair.
+"""
+from __future__ import annotations
+
+import mlflow
+import numpy as np
+import pandas as pd
+from mlflow.pyfunc import PythonModel
+
+from embed_lib.config import EncoderConfig
+from embed_lib.encoding.cache import manifest_mismatch
+from embed_lib.encoding.encoders import FrozenEncoder
+from embed_lib.training.export import ensemble_scores, load_adapter
+
+
+class PairAdapterModel(PythonModel):
+    def load_context(self, context) -> None:
+        self.model, self.config, self.manifest = load_adapter(context.artifacts["adapter"])
+        self._encoder = None
+
+    def _encode(self, texts: list[str]) -> np.ndarray:
+        if self._encoder is None:
+            enc = FrozenEncoder(EncoderConfig.from_manifest(self.manifest))
+            diff = manifest_mismatch(self.manifest, enc.manifest())
+            if diff:
+                raise ValueError("The encoder available here differs from the one this adapter was trained on "
+                                 f"(field: (trained, here) = {diff}).")
+            self._encoder = enc
+        return self._encoder.encode(texts)
+
+    def predict(self, context, model_input: pd.DataFrame, params=None) -> pd.DataFrame:
+        if {"emb_a", "emb_b"} <= set(model_input.columns):
+            xa = np.stack(model_input["emb_a"].map(np.asarray).tolist()).astype(np.float32)
+            xb = np.stack(model_input["emb_b"].map(np.asarray).tolist()).astype(np.float32)
+        elif {"sentence1", "sentence2"} <= set(model_input.columns):
+            xa = self._encode(model_input["sentence1"].tolist())
+            xb = self._encode(model_input["sentence2"].tolist())
+        else:
+            raise ValueError(f"Input needs columns emb_a/emb_b or sentence1/sentence2; got {list(model_input.columns)}.")
+        return pd.DataFrame(ensemble_scores(self.model, xa, xb))
+
+
+mlflow.models.set_model(PairAdapterModel())

@@ -1,0 +1,89 @@
+"""Saving and loading a trained seed group without pickle: safetensors weights + JSON.
+
+    <dir>/weights.safetensors   every seed's parameters (leading seed dimension)
+    <dir>/config.json           the AdapterConfig
+    <dir>/encoder_manifest.json the frozen encoder the vectors came from (checked at load by servers)
+    <dir>/metrics.json          validation / test figures of the group and of the served ensemble
+
+The served score of a group is the mean over its seeds (`ensemble_scores`): every seed stays anchored
+to the frozen cosine, so their mean does too.
+"""
+from __future__ import annotations
+
+import json
+from pathlib import Path
+from typing import Any, Mapping
+
+import numpy as np
+import torch
+from safetensors.torch import load_file, save_file
+
+from embed_lib.config import AdapterConfig
+from embed_lib.training.adapters import NoveltyGate, PairAdapter
+
+FILES = ("weights.safetensors", "config.json", "encoder_manifest.json")
+
+
+def save_adapter(directory: str | Path, config: AdapterConfig, state_dict: Mapping[str, torch.Tensor],
+                 manifest: Mapping[str, Any], dim: int, metrics: Mapping[str, Any] | None = None) -> Path:
+    out = Path(directory)
+    out.mkdir(parents=True, exist_ok=True)
+    save_file({k: v.detach().contiguous().cpu() for k, v in state_dict.items()}, str(out / "weights.safetensors"),
+              metadata={"format": "embed_lib.pair_adapter", "dim": str(dim)})
+    (out / "config.json").write_text(json.dumps(config.to_dict(), indent=2, sort_keys=True))
+    (out / "encoder_manifest.json").write_text(json.dumps(dict(manifest), indent=2, sort_keys=True))
+    (out / "metrics.json").write_text(json.dumps(dict(metrics or {}), indent=2, sort_keys=True))
+    return out
+
+
+def load_adapter(directory: str | Path) -> tuple[PairAdapter, AdapterConfig, dict[str, Any]]:
+    """(model in eval mode, config, encoder manifest); a missing or mismatched file is a clear error."""
+    d = Path(directory)
+    missing = [f for f in FILES if not (d / f).is_file()]
+    if missing:
+        raise FileNotFoundError(f"{d} is not a saved adapter: missing {missing} (expected {list(FILES)}).")
+    config = AdapterConfig.from_dict(json.loads((d / "config.json").read_text()))
+    manifest = json.loads((d / "encoder_manifest.json").read_text())
+    weights = load_file(str(d / "weights.safetensors"))
+    dim = int(manifest["dim"])
+    try:
+        novelty = None
+        if "novelty.ref" in weights:  # the reference sentences travel with the weights (buffers)
+            novelty = NoveltyGate(weights["novelty.ref"], *weights["novelty.bounds"].tolist())
+        model = PairAdapter.from_config(config, dim, novelty=novelty)
+        model.load_state_dict(weights, strict=True)
+    except (RuntimeError, KeyError, ValueError) as exc:
+        raise ValueError(f"{d / 'weights.safetensors'} does not match its config.json ({config.adapter}, "
+                         f"width {config.width}, {config.n_seeds} seeds, dim {dim}): {exc}") from exc
+    model.eval()
+    return model, config, manifest
+
+
+def _tensor(x: np.ndarray | torch.Tensor) -> torch.Tensor:
+    return x.float() if isinstance(x, torch.Tensor) else torch.as_tensor(np.ascontiguousarray(x, dtype=np.float32))
+
+
+@torch.no_grad()
+def ensemble_scores(model: PairAdapter, xa: np.ndarray | torch.Tensor, xb: np.ndarray | torch.Tensor,
+                    ha: np.ndarray | torch.Tensor | None = None, hb: np.ndarray | torch.Tensor | None = None
+                    ) -> dict[str, np.ndarray]:
+    """Mean over seeds of score, anchor and gate for (n, d) raw vectors -> {'score', 'baseline', 'difficulty'}.
+    ha, hb: the vectors' working representations (S, n, width) from `project`, where the caller caches them."""
+    xa, xb = _tensor(xa), _tensor(xb)
+    S = len(model.seeds)
+    out = model(xa.expand(S, -1, -1), xb.expand(S, -1, -1), None if ha is None else _tensor(ha),
+                None if hb is None else _tensor(hb))
+    gate = out.gate if out.gate is not None else (
+        (out.c_a + out.c_b) / 2 if out.c_a is not None else None)
+    return {"score": out.score.mean(0).numpy(), "baseline": out.s0.mean(0).numpy(),
+            "difficulty": gate.mean(0).numpy() if gate is not None else np.full(xa.shape[0], np.nan, np.float32)}
+
+
+@torch.no_grad()
+def project(model: PairAdapter, x: np.ndarray | torch.Tensor) -> np.ndarray | None:
+    """(n, d) raw vectors -> (S, n, width) working representations, one per seed (None for the baseline form):
+    what a pair's score needs of each sentence beyond its vector, so a server can keep it per sentence."""
+    if model.form == "baseline":
+        return None
+    x = _tensor(x)
+    return model.working(x.expand(len(model.seeds), -1, -1)).numpy()

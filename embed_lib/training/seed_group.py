@@ -1,0 +1,292 @@
+"""Training on cached tensors: a seed group of one adapter configuration as one batched model.
+
+Sixth stage of the data flow (... adapters -> **training** -> metrics). `train_seed_group` fits every
+seed of an `AdapterConfig` at once on a `StudyData` (embed_lib.training.tensors): parameters carry a seed
+dimension, each seed its own initialisation and batch order, drawn from its own `torch.Generator`
+(nothing reseeds torch's global generator). It keeps each seed's best epoch on validation and evaluates
+validation, test and the transfer splits once at the selected epochs. Deltas are against the frozen cosine.
+"""
+from __future__ import annotations
+
+import time
+from dataclasses import dataclass
+from typing import Callable
+
+import numpy as np
+import torch
+from scipy import stats
+
+from embed_lib.config import AdapterConfig
+from embed_lib.training import losses
+from embed_lib.training.adapters import PairAdapter
+from embed_lib.training.metrics import PRIMARY_METRIC, evaluate
+from embed_lib.training.tensors import TRANSFER_PREFIX, SplitTensors, StudyData, novelty_gate
+
+EVAL_CHUNK = 8192
+
+
+@dataclass
+class GroupResult:
+    config: AdapterConfig
+    per_seed: list[dict[str, float]]  # each: val/..., test/..., delta_val, delta_test, best_epoch, gate fit
+    baseline: dict[str, float]  # frozen cosine metrics, val/... and test/...
+    history: list[dict[str, float]]  # per epoch: epoch/delta_val_mean, epoch/delta_val_min over seeds
+    summary: dict[str, float]
+    state_dict: dict[str, torch.Tensor]
+    seconds: float
+    n_parameters: int
+
+    def table(self) -> str:
+        rows = ["| seed | best epoch | val baseline | val adapter | val delta | test baseline | test adapter | test delta |",
+                "|---|---|---|---|---|---|---|---|"]
+        b = self.baseline
+        for seed, r in zip(self.config.seeds, self.per_seed):
+            if "delta_test" not in r:
+                rows.append(f"| {seed} | {r['best_epoch']} | {b['val/spearman']:.4f} | {r['val/spearman']:.4f} | "
+                            f"{r['delta_val']:+.4f} | | | |")
+                continue
+            rows.append(f"| {seed} | {r['best_epoch']} | {b['val/spearman']:.4f} | {r['val/spearman']:.4f} | "
+                        f"{r['delta_val']:+.4f} | {b['test/spearman']:.4f} | {r['test/spearman']:.4f} | "
+                        f"{r['delta_test']:+.4f} |")
+        return "\n".join(rows)
+
+
+def _spearman_rows(scores: np.ndarray, y: np.ndarray) -> np.ndarray:
+    return np.array([stats.spearmanr(s, y).statistic for s in scores])
+
+
+def _pearson(a: np.ndarray, b: np.ndarray) -> float:
+    if np.std(a) < 1e-12 or np.std(b) < 1e-12:
+        return float("nan")
+    return float(stats.pearsonr(a, b).statistic)
+
+
+@torch.no_grad()
+def score_split(model: PairAdapter, X: torch.Tensor, sp: SplitTensors,
+                familiarity: torch.Tensor | None = None) -> tuple[np.ndarray, np.ndarray | None]:
+    """Scores (S, n) and gate or mean complexity (S, n) or None, in chunks of pairs. familiarity: (m,) per
+    sentence of X for the novelty gate (else the gate computes it)."""
+    model.eval()
+    S = len(model.seeds)
+    scores, aux = [], []
+    for i in range(0, len(sp.ia), EVAL_CHUNK):
+        ia, ib = sp.ia[i: i + EVAL_CHUNK], sp.ib[i: i + EVAL_CHUNK]
+        xa = X[ia].expand(S, -1, -1)  # (S, n, d), no copy
+        xb = X[ib].expand(S, -1, -1)
+        fam = {} if familiarity is None else dict(fam_a=familiarity[ia].expand(S, -1),
+                                                  fam_b=familiarity[ib].expand(S, -1))
+        out = model(xa, xb, **fam)
+        scores.append(out.score)
+        if out.gate is not None:
+            aux.append(out.gate)
+        elif out.c_a is not None:
+            aux.append((out.c_a + out.c_b) / 2)
+    model.train()
+    return torch.cat(scores, 1).cpu().numpy(), (torch.cat(aux, 1).cpu().numpy() if aux else None)
+
+
+@dataclass
+class _Fit:
+    """A seed group being trained: the model and what its loss reads besides the batch."""
+    model: PairAdapter
+    opt: torch.optim.Optimizer | None
+    center: torch.nn.Parameter | None  # the logistic loss's learned midpoint, per seed
+    fam: torch.Tensor | None  # (m,) familiarity of every sentence, for the novelty gate
+    pair_t: torch.Tensor | None  # (S, n) difficulty target of each train pair (permuted per seed: shuffled control)
+    sent_t: torch.Tensor | None  # (m,) per-sentence difficulty target
+    gens: list[torch.Generator]  # one per seed: batch order and the shuffled control's permutation
+
+
+def _build(cfg: AdapterConfig, data: StudyData, dev: torch.device) -> _Fit:
+    fam = gate = None
+    if cfg.novelty_quantile > 0:
+        gate = novelty_gate(data, cfg.novelty_quantile)
+        fam = data.familiarity().to(dev)
+    model = PairAdapter.from_config(cfg, data.X.shape[1], novelty=gate).to(dev)
+    # the shuffled-c control permutes c within each evaluation batch: its own generator, reset per epoch
+    model.shuffle_generator = torch.Generator().manual_seed(cfg.seed0)
+    params = list(model.parameters())
+    tr, S = data.splits["train"], cfg.n_seeds
+    center = None
+    if cfg.loss == "logistic":
+        center = torch.nn.Parameter(torch.full((S, 1), float(np.mean(tr.s0)), device=dev))
+        params.append(center)
+    opt = torch.optim.AdamW(params, lr=cfg.lr, weight_decay=cfg.weight_decay, foreach=True) if params else None
+    n = len(tr.ia)
+    gens = [torch.Generator().manual_seed(10_000 + s) for s in cfg.seeds]
+    pair_t = sent_t = None
+    if cfg.target != "none":
+        pair_t = torch.from_numpy(tr.pair_target[cfg.target]).float().expand(S, -1).clone()  # (S, n)
+        sent_t = torch.from_numpy(data.sentence_target[cfg.target]).float().to(dev)
+        if cfg.control == "shuffled" and cfg.adapter == "pair_gated":
+            # the shuffled-target control: same gate, targets permuted over the train pairs per seed
+            pair_t = torch.stack([pair_t[k, torch.randperm(n, generator=g)] for k, g in enumerate(gens)])
+        pair_t = pair_t.to(dev)
+    return _Fit(model, opt, center, fam, pair_t, sent_t, gens)
+
+
+def _loss(cfg: AdapterConfig, fit: _Fit, out, y: torch.Tensor, idx: torch.Tensor, ia: torch.Tensor,
+          ib: torch.Tensor) -> torch.Tensor:
+    """(S,) the objective of each seed on one batch: ranking loss plus the configured auxiliary terms."""
+    if cfg.loss == "cosent":
+        loss = losses.cosent(out.score, y, cfg.tau)
+    elif cfg.loss == "logistic":
+        loss = losses.logistic(out.score, y, cfg.tau, fit.center)
+    else:
+        loss = losses.mse(out.score, y)
+    if cfg.lambda_c > 0 and cfg.supervised:
+        if cfg.adapter == "pair_gated":
+            loss = loss + cfg.lambda_c * losses.mse(out.gate, torch.gather(fit.pair_t, 1, idx))
+        elif cfg.adapter.startswith("per_sentence"):
+            loss = loss + cfg.lambda_c * 0.5 * (losses.mse(out.c_a, fit.sent_t[ia]) + losses.mse(out.c_b, fit.sent_t[ib]))
+    if cfg.lambda_delta > 0 and cfg.adapter.startswith("pair") and cfg.gamma > 0:
+        # / tau: CoSENT's gradients scale with 1/tau, so a weight near 1 balances the two terms
+        loss = loss + cfg.lambda_delta / cfg.tau * losses.mse(out.score, out.s0) / cfg.gamma ** 2
+    if cfg.lambda_mod > 0 and out.norm_a is not None:
+        loss = loss + cfg.lambda_mod * losses.modulus(out.norm_a, out.norm_b, y)
+    return loss
+
+
+def _train_epochs(cfg: AdapterConfig, data: StudyData, fit: _Fit,
+                  on_epoch: Callable[[int, dict[str, float]], None] | None) -> tuple[list[dict[str, float]], np.ndarray]:
+    """The training loop; leaves every seed at its best validation epoch. Returns (history, best epochs)."""
+    model, X, tr, va, S = fit.model, data.X, data.splits["train"], data.splits["validation"], cfg.n_seeds
+    dev = X.device
+    y_val = va.y.cpu().numpy()
+    base_val = float(stats.spearmanr(va.s0, y_val).statistic)
+    best = {k: v.detach().clone() for k, v in model.state_dict().items()}
+    best_val, best_epoch = np.full(S, -np.inf), np.zeros(S, dtype=int)
+    history: list[dict[str, float]] = []
+    n = len(tr.ia)
+    steps = max(1, n // cfg.batch_size)  # drop the ragged last batch: CoSENT needs several pairs
+    for epoch in range(1, cfg.epochs + 1 if fit.opt is not None else 1):
+        order = torch.stack([torch.randperm(n, generator=g) for g in fit.gens]).to(dev)  # (S, n) each its own order
+        for step in range(steps):
+            idx = order[:, step * cfg.batch_size: (step + 1) * cfg.batch_size]  # (S, B)
+            ia, ib = tr.ia[idx], tr.ib[idx]
+            out = model(X[ia], X[ib], **({} if fit.fam is None else dict(fam_a=fit.fam[ia], fam_b=fit.fam[ib])))
+            loss = _loss(cfg, fit, out, tr.y[idx], idx, ia, ib)
+            fit.opt.zero_grad(set_to_none=True)
+            loss.sum().backward()  # a sum keeps each seed's gradient its own
+            fit.opt.step()
+        model.shuffle_generator.manual_seed(cfg.seed0 + epoch)  # shuffled-c control: one eval permutation per epoch
+        val = _spearman_rows(score_split(model, X, va, fit.fam)[0], y_val)
+        better = val > best_val
+        if better.any():
+            mask = torch.from_numpy(better).to(dev)
+            for k, v in model.state_dict().items():
+                if v.dim() > 0 and v.shape[0] == S:
+                    best[k][mask] = v.detach()[mask]
+            best_val[better], best_epoch[better] = val[better], epoch
+        delta = val - base_val
+        history.append({"epoch": epoch, "epoch/delta_val_mean": float(delta.mean()),
+                        "epoch/delta_val_min": float(delta.min()), "epoch/val_spearman_mean": float(val.mean())})
+        if on_epoch is not None:
+            on_epoch(epoch, history[-1])
+    if fit.opt is not None:
+        model.load_state_dict(best)
+    return history, best_epoch
+
+
+def _evaluate(cfg: AdapterConfig, data: StudyData, fit: _Fit, evaluate_test: bool):
+    """Score validation (test, train for the gate's fit, transfer splits) once with the selected weights.
+    Returns (per seed metrics, frozen-cosine metrics, ensemble metrics, aux per split, pairs/s)."""
+    model, S = fit.model, cfg.n_seeds
+    model.shuffle_generator.manual_seed(cfg.seed0 + 10_000)
+    per_seed: list[dict[str, float]] = [{} for _ in range(S)]
+    baseline: dict[str, float] = {}
+    ensemble: dict[str, float] = {}
+    aux_out: dict[str, np.ndarray | None] = {}
+    eval_splits = [("validation", "val")] + ([("test", "test")] if evaluate_test else [])
+    if cfg.target != "none":  # train scores serve only the gate's fit to its target
+        eval_splits.append(("train", "train"))
+    eval_splits += [(t, t) for t in data.transfer]
+    pairs_per_s = 0.0
+    for split, prefix in eval_splits:
+        sp = data.splits[split]
+        t_split = time.perf_counter()
+        scores, aux_out[split] = score_split(model, data.X, sp, fit.fam)
+        if split == "validation":  # the served ensemble's cost: every seed, cached vectors
+            pairs_per_s = len(sp.ia) / max(time.perf_counter() - t_split, 1e-9)
+        y = sp.y.cpu().numpy()
+        if split.startswith(TRANSFER_PREFIX):  # another task: Spearman of the seed against the frozen cosine
+            base = float(stats.spearmanr(sp.s0, y).statistic)
+            name = split[len(TRANSFER_PREFIX):]
+            baseline[f"transfer/{name}/spearman"] = base
+            for k, v in enumerate(_spearman_rows(scores, y)):
+                per_seed[k][f"transfer/{name}/delta"] = float(v - base)
+        elif split != "train":
+            baseline.update(evaluate(sp.s0, y, data.binary, prefix))
+            for k in range(S):
+                thr_k = per_seed[k].get("val/threshold_acc") if split == "test" else None
+                per_seed[k].update(evaluate(scores[k], y, data.binary, prefix, threshold=thr_k))
+            # the served model: the mean score over the seed group
+            ensemble.update(evaluate(scores.mean(0), y, data.binary, prefix))
+    for name, check in data.retrieval_checks().items():  # a duplicate-question set's frozen top-k, re-ranked
+        rows = [torch.from_numpy(r).to(data.X.device) for r in check.pairs()]
+        scores, _ = score_split(model, data.X, SplitTensors(*rows, None, None), fit.fam)
+        baseline[f"transfer/{name}-retrieval/ndcg@10"] = check.baseline_ndcg
+        for k, delta in enumerate(check.deltas(scores)):
+            per_seed[k][f"transfer/{name}-retrieval/delta"] = delta
+    return per_seed, baseline, ensemble, aux_out, pairs_per_s
+
+
+def train_seed_group(cfg: AdapterConfig, data: StudyData,
+                     on_epoch: Callable[[int, dict[str, float]], None] | None = None,
+                     evaluate_test: bool = True, device: str | None = None) -> GroupResult:
+    """Fit every seed of `cfg` as one batched model; see module docstring.
+
+    on_epoch(epoch, {'epoch/delta_val_mean', 'epoch/delta_val_min', 'epoch/val_spearman_mean'}) is called after every
+    epoch (Tune reports through it). evaluate_test=False leaves the test split untouched (sweeps select
+    on validation and evaluate test once, for the winner).
+    """
+    if cfg.target not in ("none", *data.targets):
+        raise ValueError(f"Difficulty target {cfg.target!r} is not available for this study; available: "
+                         f"{data.targets} (ce_margin needs teacher scores).")
+    t0 = time.perf_counter()
+    data = data.to(torch.device(device or "cpu"))
+    fit = _build(cfg, data, data.X.device)
+    history, best_epoch = _train_epochs(cfg, data, fit, on_epoch)
+    per_seed, baseline, ensemble, aux, pairs_per_s = _evaluate(cfg, data, fit, evaluate_test)
+    for k, r in enumerate(per_seed):
+        r["delta_val"] = r[f"val/{PRIMARY_METRIC}"] - baseline[f"val/{PRIMARY_METRIC}"]
+        if evaluate_test:
+            r["delta_test"] = r[f"test/{PRIMARY_METRIC}"] - baseline[f"test/{PRIMARY_METRIC}"]
+        r["best_epoch"] = int(best_epoch[k])
+        if cfg.target != "none" and aux.get("train") is not None:
+            for split, prefix in (("train", "train"), ("test", "test")):
+                if split in aux:
+                    r[f"{prefix}/gate_fit"] = _pearson(aux[split][k], data.splits[split].pair_target[cfg.target])
+        if cfg.learn_p:
+            r["p"] = float(fit.model.p[k].item())
+    summary = summarize(per_seed)
+    if fit.model.novelty is not None:
+        summary.update({"novelty/lo": float(fit.model.novelty.bounds[0]), "novelty/hi": float(fit.model.novelty.bounds[1])})
+    summary["pairs_per_s"] = float(pairs_per_s)
+    summary.update({f"ensemble/{k}": v for k, v in ensemble.items() if k.endswith(PRIMARY_METRIC)})
+    return GroupResult(cfg, per_seed, baseline, history, summary,
+                       {k: v.detach().cpu().clone() for k, v in fit.model.state_dict().items()},
+                       time.perf_counter() - t0, fit.model.n_parameters())
+
+
+def summarize(per_seed: list[dict[str, float]]) -> dict[str, float]:
+    """mean / std / min / count positive of the per-seed deltas, and mean gate fit."""
+    out: dict[str, float] = {}
+    for key in ("delta_val", "delta_test"):
+        if key not in per_seed[0]:
+            continue
+        v = np.array([r[key] for r in per_seed])
+        out.update({f"{key}_mean": float(v.mean()), f"{key}_std": float(v.std(ddof=1)) if len(v) > 1 else 0.0,
+                    f"{key}_min": float(v.min()), f"{key}_positive": int((v > 0).sum())})
+    transfer = sorted(k for k in per_seed[0] if k.startswith("transfer/"))
+    for key in transfer:
+        v = np.array([r[key] for r in per_seed])
+        out.update({f"{key}_mean": float(v.mean()), f"{key}_min": float(v.min())})
+    if transfer:  # the do-no-harm check reads this: the worst transfer delta of any seed on any other task
+        out["transfer_delta_min"] = float(min(r[k] for r in per_seed for k in transfer))
+    for key in ("val/spearman", "test/spearman", "train/gate_fit", "test/gate_fit"):
+        values = np.array([r[key] for r in per_seed if key in r], dtype=float)
+        if np.isfinite(values).any():  # a constant gate has no fit to report
+            out[f"{key}_mean"] = float(np.nanmean(values))
+    out["n_seeds"] = len(per_seed)
+    return out

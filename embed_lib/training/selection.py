@@ -1,0 +1,83 @@
+"""Model selection over seed groups: the leaderboard and the do-no-harm winner rule of DESIGN.md.
+
+A configuration "wins" only if (1) its validation delta is positive on every seed and (2) it does no harm
+elsewhere: on every transfer check (another task's validation pairs, unseen in training; for duplicate
+questions also their re-ranking, `embed_lib.training.retrieval.RetrievalCheck`) every seed's delta (Spearman, or
+nDCG@10) is >= -tolerance. Among those the best mean validation delta wins, and near-ties (within
+`tie`) go to the smaller gamma. Test is never read here.
+"""
+from __future__ import annotations
+
+from typing import Any, Sequence
+
+import pandas as pd
+
+#: shown first in every leaderboard
+LEADERBOARD_COLUMNS = ["trial", "adapter", "control", "target", "gamma", "tau", "p", "learn_p", "lambda_c",
+                       "lambda_mod", "lambda_delta", "novelty_quantile", "lr", "weight_decay", "width", "epochs",
+                       "delta_val_mean", "delta_val_std", "delta_val_min", "delta_val_positive", "n_seeds",
+                       "transfer_delta_min", "train/gate_fit_mean"]
+#: the default do-no-harm tolerance: the worst seed's transfer delta may not fall below -0.001
+TRANSFER_TOLERANCE = 0.001
+
+
+def leaderboard(rows: Sequence[dict[str, Any]]) -> pd.DataFrame:
+    """Rows (config + summary per trial) sorted by mean validation delta, best first."""
+    if not rows:
+        return pd.DataFrame(columns=LEADERBOARD_COLUMNS)
+    df = pd.DataFrame(list(rows))
+    cols = [c for c in LEADERBOARD_COLUMNS if c in df.columns] + [c for c in df.columns if c not in LEADERBOARD_COLUMNS]
+    return df[cols].sort_values("delta_val_mean", ascending=False, kind="stable").reset_index(drop=True)
+
+
+def rule_failures(row: dict[str, Any], tolerance: float = TRANSFER_TOLERANCE) -> list[str]:
+    """Why a row may not win (empty: eligible)."""
+    why = []
+    if not (row.get("n_seeds", 0) > 0 and row.get("delta_val_positive", 0) == row.get("n_seeds", -1)):
+        why.append(f"validation delta positive on {row.get('delta_val_positive', 0)}/{row.get('n_seeds', 0)} seeds")
+    worst = row.get("transfer_delta_min")
+    if worst is not None and worst < -tolerance:
+        bad = sorted(k.split("/")[1] for k, v in row.items()
+                     if k.startswith("transfer/") and k.endswith("/delta_min") and v < -tolerance)
+        why.append(f"transfer delta {worst:+.4f} < -{tolerance:g} on {', '.join(bad) or 'a transfer task'}")
+    return why
+
+
+def select_winner(rows: Sequence[dict[str, Any]], tie: float = 1e-4,
+                  tolerance: float = TRANSFER_TOLERANCE) -> dict[str, Any] | None:
+    """The winning row, or None when no configuration passes `rule_failures` (see module docstring)."""
+    eligible = [r for r in rows if not rule_failures(r, tolerance)]
+    if not eligible:
+        return None
+    best = max(r["delta_val_mean"] for r in eligible)
+    near = [r for r in eligible if r["delta_val_mean"] >= best - tie]
+    return min(near, key=lambda r: (r.get("gamma", 0.0), -r["delta_val_mean"]))
+
+
+def rule_text(tolerance: float = TRANSFER_TOLERANCE) -> str:
+    """The winner rule in words: recorded on every registered version (versions under other rules do not compete)."""
+    return (f"validation delta > 0 on every seed; every transfer delta >= -{tolerance:g} on every seed; "
+            "best mean validation delta, near-ties to the smaller gamma")
+
+
+def no_winner_reason(rows: Sequence[dict[str, Any]], tolerance: float = TRANSFER_TOLERANCE) -> str:
+    """One sentence: how many configurations failed which part of the rule."""
+    if not rows:
+        return "No configuration completed."
+    fails = [rule_failures(r, tolerance) for r in rows]
+    val = sum(any(f.startswith("validation") for f in fs) for fs in fails)
+    harm = sum(any(f.startswith("transfer") for f in fs) for fs in fails)
+    return (f"No configuration passes the winner rule: {val} of {len(rows)} are not positive on every validation "
+            f"seed, {harm} of {len(rows)} harm a transfer task by more than {tolerance:g} on some seed.")
+
+
+def to_markdown(df: pd.DataFrame, top: int | None = None, digits: int = 4) -> str:
+    df = df.head(top) if top else df
+    if df.empty:
+        return "(no trials)\n"
+    cols = list(df.columns)
+    lines = ["| " + " | ".join(cols) + " |", "|" + "---|" * len(cols)]
+    for _, row in df.iterrows():
+        cells = [f"{v:.{digits}f}" if isinstance(v, float) else str(v) for v in row.tolist()]
+        lines.append("| " + " | ".join(cells) + " |")
+    return "\n".join(lines) + "\n"

@@ -1,0 +1,57 @@
+"""The architecture contracts (pyproject.toml, `lint-imports`) hold, and each catches the import circles embed_lib
+once had: a contract that a deliberately added upward import does not break would protect nothing."""
+from __future__ import annotations
+
+import os
+import shutil
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+REPO = Path(__file__).resolve().parents[1]
+LINT = Path(sys.executable).with_name("lint-imports")
+
+
+def _lint(root: Path) -> subprocess.CompletedProcess:
+    env = dict(os.environ, PYTHONPATH=str(root))  # the copy's packages, not the installed ones
+    return subprocess.run([str(LINT), "--config", str(root / "pyproject.toml"), "--no-cache"], cwd=root, env=env,
+                          capture_output=True, text=True, timeout=120)
+
+
+@pytest.fixture(scope="module")
+def tree(tmp_path_factory) -> Path:
+    root = tmp_path_factory.mktemp("arch")
+    for pkg in ("embed_lib", "sweeps", "serving", "benchmarks"):
+        shutil.copytree(REPO / pkg, root / pkg, ignore=shutil.ignore_patterns("__pycache__"))
+    shutil.copy(REPO / "pyproject.toml", root)
+    return root
+
+
+def test_the_contracts_hold_on_this_tree(tree):
+    out = _lint(tree)
+    assert out.returncode == 0, out.stdout[-3000:]
+    assert "7 kept, 0 broken" in out.stdout
+
+
+@pytest.mark.parametrize("module, upward, contract", [
+    # the tensors reached the report through the retrieval check (study_data -> retrieval -> study)
+    ("training/tensors.py", "from embed_lib.report.study import run_study", "embed_lib in layers by concern"),
+    # the encoder and its ONNX backend imported each other
+    ("encoding/onnx_backend.py", "from embed_lib.encoding.encoders import FrozenEncoder", "embed_lib.encoding"),
+    # the teacher's recipe and stage reached back to the module that configured them
+    ("teacher/recipe.py", "from embed_lib.teacher.scores import teacher_scores", "embed_lib.teacher"),
+    ("data/tasks.py", "import sweeps.report", "embed_lib never imports sweeps"),
+])
+def test_an_upward_import_breaks_a_contract_and_names_the_chain(tree, module, upward, contract):
+    path = tree / "embed_lib" / module
+    original = path.read_text()
+    try:
+        path.write_text(original + f"\n{upward}  # deliberately against the architecture\n")
+        out = _lint(tree)
+    finally:
+        path.write_text(original)
+    assert out.returncode != 0
+    broken = out.stdout.split("Broken contracts", 1)[-1]
+    assert contract in broken and "embed_lib." + module[:-3].replace("/", ".") in broken, out.stdout[-3000:]
