@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import dataclasses
 import json
+from pathlib import Path
 
 import mlflow
 import pytest
@@ -192,8 +193,12 @@ def test_the_registry_command_names_the_fix_for_a_missing_model_or_version(store
     from embed_lib.cli.parser import main
 
     uri, _ = store
+    mlflow.MlflowClient(uri).search_experiments()  # the store exists, the model does not
     assert main(["registry", "--tracking-uri", uri, "--task", "mrpc"]) == 2
     assert "No registered model 'pair-residual-mrpc'" in capsys.readouterr().err
+    missing = uri.replace("mlflow.db", "nothing-here.db")
+    assert main(["registry", "--tracking-uri", missing]) == 2
+    assert "No MLflow store at" in capsys.readouterr().err and not Path(missing[len("sqlite:///"):]).exists()
 
 
 def test_serving_pins_the_alias_once_even_when_it_moves_during_loading(groups, store, monkeypatch):

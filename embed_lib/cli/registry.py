@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import argparse
 import json
+from pathlib import Path
 
 import mlflow
 
@@ -49,6 +50,9 @@ def _row(r: dict) -> str:
 
 def cmd_registry(args: argparse.Namespace) -> int:
     tracking_uri = args.tracking_uri or default_tracking_uri()
+    if tracking_uri.startswith("sqlite:///") and not Path(tracking_uri[len("sqlite:///"):]).is_file():
+        raise ValueError(f"No MLflow store at {tracking_uri} (nothing was tracked there yet). Name the store with "
+                         "--tracking-uri or $MLFLOW_TRACKING_URI (make run uses sqlite:///<repo>/mlflow.db).")
     client = mlflow.MlflowClient(tracking_uri, registry_uri=tracking_uri)
     name = args.name or model_name(args.model_task)
     if args.promote is not None or args.rollback:
