@@ -14,7 +14,8 @@
 # the Ray Serve settings of cluster/serve.env (each overridable from the environment). `submit` forwards EMBED_DATA_DIR, EMBED_CACHE_DIR, EMBED_STORAGE_DIR,
 # MLFLOW_TRACKING_URI, MLFLOW_ARTIFACT_ROOT and HF_HUB_OFFLINE to the job; with no MLFLOW_TRACKING_URI it forwards this
 # clone's own store (sqlite:///<repo>/mlflow.db, artifacts in <repo>/mlartifacts, what `make` uses), never leaving the
-# job to put one in its temporary copy of the working dir. `job-env` prints what `submit` would forward.
+# job to put one in its temporary copy of the working dir; likewise the caches (.cache/embed_lib) and Tune's state
+# (.cache/ray_results). `job-env` prints what `submit` would forward.
 set -euo pipefail
 ROOT="$(cd "$(dirname "$0")/.." && pwd)"
 VENV="${VENV:-$ROOT/.venv}"
@@ -43,6 +44,8 @@ job_env() {
   if [[ -z "${MLFLOW_TRACKING_URI:-}" ]]; then
     export MLFLOW_TRACKING_URI="sqlite:///$ROOT/mlflow.db" MLFLOW_ARTIFACT_ROOT="${MLFLOW_ARTIFACT_ROOT:-$ROOT/mlartifacts}"
   fi
+  # the caches and Tune's state (what --resume reads) where `make` keeps them, not in the job's temporary copy
+  export EMBED_CACHE_DIR="${EMBED_CACHE_DIR:-$ROOT/.cache/embed_lib}" EMBED_STORAGE_DIR="${EMBED_STORAGE_DIR:-$ROOT/.cache/ray_results}"
   python3 -c 'import json, os, sys
 keys = ["EMBED_DATA_DIR", "EMBED_CACHE_DIR", "EMBED_STORAGE_DIR", "MLFLOW_TRACKING_URI", "MLFLOW_ARTIFACT_ROOT", "HF_HUB_OFFLINE"]
 print(json.dumps({"working_dir": ".", "excludes": json.load(open(sys.argv[1]))["excludes"],

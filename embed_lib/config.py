@@ -152,6 +152,20 @@ class EncoderConfig:
                    prompt=manifest.get("prompt"), backend=backend_of(manifest), **overrides)
 
 
+def writable_dir(path: Path, what: str) -> Path:
+    """`path`, created if need be, once a probe file was written and removed there; else a ValueError naming `what`,
+    the path and the fix (before any trial starts: caches are written only where the driver runs)."""
+    probe = Path(path) / f".write-probe-{os.getpid()}"
+    try:
+        Path(path).mkdir(parents=True, exist_ok=True)
+        probe.write_bytes(b"")
+        probe.unlink()
+    except OSError as exc:
+        raise ValueError(f"{what} {path}: the driver cannot write there ({exc.strerror or exc}). Name a directory "
+                         "this process can write; caches are written only where the driver runs.") from None
+    return Path(path)
+
+
 def default_cache_dir() -> Path:
     """Where embeddings and teacher scores are cached: $EMBED_CACHE_DIR or ./.cache/embed_lib."""
     return Path(os.environ.get("EMBED_CACHE_DIR", Path.cwd() / ".cache" / "embed_lib")).absolute()

@@ -27,11 +27,11 @@ from embed_lib.cli.args import (
     teacher_progress,
     teacher_summary,
 )
-from embed_lib.config import default_cache_dir
+from embed_lib.config import default_cache_dir, writable_dir
 from embed_lib.teacher.config import preset_of
 from embed_lib.tracking.registry import model_name
-from embed_lib.tracking.runs import (checked_tracking_uri, default_tracking_uri, git_info, log_task_inputs,
-                                     set_experiment, ui_link)
+from embed_lib.tracking.runs import (check_store_for_cluster, checked_tracking_uri, default_tracking_uri, git_info,
+                                     log_task_inputs, set_experiment, ui_link)
 from sweeps.flags import add_sweep_args, parse_grid, transfer_tasks
 from sweeps.mlflow_callback import MLflowTrialCallback, close_orphans
 from sweeps.report import finish_sweep
@@ -41,6 +41,7 @@ from sweeps.trainable import MAX_EPOCHS, METRIC, MODE, make_trainable, precomput
 def _open_parent_run(args, name: str, storage: Path):
     """(tracking URI, experiment, parent run): the sweep's parent run, reopened on --resume."""
     tracking_uri = checked_tracking_uri(args.tracking_uri) if args.tracking_uri else default_tracking_uri()
+    check_store_for_cluster(tracking_uri, len([n for n in ray.nodes() if n.get("Alive")]))
     mlflow.set_tracking_uri(tracking_uri)
     experiment = set_experiment(args.experiment or f"sweep-{args.task}", tracking_uri)
     marker = storage / name / "mlflow_parent_run.json"
@@ -147,7 +148,8 @@ def _settle(args, script: str, fixed: dict[str, Any]):
     fixed = {**fixed, "task": args.task, "n_seeds": args.seeds}
     name = args.name or f"{script}-{args.task}" + ("-smoke" if args.smoke_test else "")
     storage = Path(args.storage_path or os.environ.get("EMBED_STORAGE_DIR") or Path.cwd() / ".cache" / "ray_results").absolute()
-    cache_dir = Path(args.cache_dir).absolute() if args.cache_dir else default_cache_dir()
+    cache_dir = writable_dir(Path(args.cache_dir).absolute() if args.cache_dir else default_cache_dir(),
+                             "--cache-dir / $EMBED_CACHE_DIR")
     os.environ.setdefault("TUNE_GLOBAL_CHECKPOINT_S", "2")  # experiment state on disk often: --resume loses little
     # a job's output is a log: MLflow's per-file download bars would print a screen of lines per model
     os.environ.setdefault("MLFLOW_ENABLE_ARTIFACTS_PROGRESS_BAR", "false")
@@ -216,8 +218,14 @@ def sweep_main(doc: str, script: str, space_fn, space_keys: list[str], fixed: di
     parser = argparse.ArgumentParser(description=doc, formatter_class=argparse.RawDescriptionHelpFormatter)
     add_sweep_args(parser, default_samples=32)
     args = parser.parse_args()
-    try:  # a pair file that fails validation: one line naming file, row, column and rule; nothing started
+    try:  # a bad pair file, store or cache: one line naming it and the fix; nothing started
         args.task = resolve_task(args, args.task)
+        if args.tracking_uri:
+            checked_tracking_uri(args.tracking_uri)
+        else:
+            default_tracking_uri()
+        writable_dir(Path(args.cache_dir).absolute() if args.cache_dir else default_cache_dir(),
+                     "--cache-dir / $EMBED_CACHE_DIR")
     except (ValueError, FileNotFoundError, RuntimeError) as exc:
         parser.exit(2, f"error: {exc}\n")
     out = run_sweep(args, script, space_fn, space_keys, fixed, start_points)

@@ -5,11 +5,14 @@ from __future__ import annotations
 import json
 import os
 import subprocess
+import sys
 from pathlib import Path
 
 import pytest
 
-from embed_lib.tracking.runs import checked_tracking_uri, default_tracking_uri, in_job_working_dir
+from embed_lib.config import writable_dir
+from embed_lib.tracking.runs import (check_store_for_cluster, checked_tracking_uri, default_tracking_uri,
+                                     in_job_working_dir)
 
 REPO = Path(__file__).resolve().parents[1]
 
@@ -39,8 +42,24 @@ def test_a_server_or_a_store_outside_the_job_is_kept(job_dir, tmp_path, monkeypa
         assert default_tracking_uri() == uri == checked_tracking_uri(uri)
 
 
+def test_a_local_store_is_refused_on_a_cluster_of_several_nodes(tmp_path):
+    check_store_for_cluster(f"sqlite:///{tmp_path / 'mlflow.db'}", nodes=1)  # one node: its own disk is fine
+    check_store_for_cluster("http://127.0.0.1:5000", nodes=3)
+    for uri in (f"sqlite:///{tmp_path / 'mlflow.db'}", f"file://{tmp_path}/mlruns", "mlruns"):
+        with pytest.raises(ValueError, match=r"has 3 nodes, which share no disk: start an MLflow server"):
+            check_store_for_cluster(uri, nodes=3)
+
+
+def test_a_cache_the_driver_cannot_write_fails_before_anything_starts(tmp_path):
+    assert writable_dir(tmp_path / "new" / "cache", "--cache-dir") == tmp_path / "new" / "cache"
+    (tmp_path / "file").write_text("")
+    with pytest.raises(ValueError, match=r"--cache-dir .*file/cache: the driver cannot write there"):
+        writable_dir(tmp_path / "file" / "cache", "--cache-dir")
+
+
 def _job_env(**env) -> dict:
-    base = {k: v for k, v in os.environ.items() if k not in ("MLFLOW_TRACKING_URI", "MLFLOW_ARTIFACT_ROOT")}
+    base = {k: v for k, v in os.environ.items()
+            if k not in ("MLFLOW_TRACKING_URI", "MLFLOW_ARTIFACT_ROOT", "EMBED_CACHE_DIR", "EMBED_STORAGE_DIR")}
     out = subprocess.run([str(REPO / "cluster" / "local.sh"), "job-env"], env={**base, **env}, capture_output=True,
                          text=True, timeout=30, check=True).stdout
     return json.loads(out)["env_vars"]
@@ -50,4 +69,16 @@ def test_submit_forwards_the_submitters_absolute_store_when_none_is_set():
     env = _job_env()
     assert env["MLFLOW_TRACKING_URI"] == f"sqlite:///{REPO}/mlflow.db"
     assert env["MLFLOW_ARTIFACT_ROOT"] == f"{REPO}/mlartifacts"
+    assert (env["EMBED_CACHE_DIR"], env["EMBED_STORAGE_DIR"]) == (f"{REPO}/.cache/embed_lib", f"{REPO}/.cache/ray_results")
     assert _job_env(MLFLOW_TRACKING_URI="http://127.0.0.1:5000")["MLFLOW_TRACKING_URI"] == "http://127.0.0.1:5000"
+
+
+def test_a_sweep_with_an_unwritable_cache_stops_before_ray_or_mlflow_start(tmp_path):
+    (tmp_path / "a-file").write_text("")
+    env = {**os.environ, "MLFLOW_TRACKING_URI": f"sqlite:///{tmp_path / 'mlflow.db'}"}
+    proc = subprocess.run([sys.executable, str(REPO / "sweeps" / "pair_residual.py"), "--task", "stsb", "--no-teacher",
+                           "--cache-dir", str(tmp_path / "a-file" / "cache")], env=env, cwd=tmp_path,
+                          capture_output=True, text=True, timeout=300)
+    assert proc.returncode == 2
+    assert proc.stderr.strip().splitlines()[-1].startswith(f"error: --cache-dir / $EMBED_CACHE_DIR {tmp_path}")
+    assert not (tmp_path / "mlflow.db").exists()

@@ -29,14 +29,28 @@ def in_job_working_dir(path: Path) -> bool:
     return "runtime_resources" in parts and any(p.startswith("_ray_pkg_") for p in parts)
 
 
+def local_store_path(uri: str) -> Path | None:
+    """The file or folder of a local MLflow store (sqlite:///..., file://..., a bare path); None for a server."""
+    if uri.startswith(("sqlite:///", "file://")):
+        return Path(uri.split(":///" if uri.startswith("sqlite") else "://", 1)[1])
+    # a bare path is a file store; "databricks[-uc]" and URLs are remote
+    return Path(uri) if "://" not in uri and not uri.startswith("databricks") else None
+
+
+def check_store_for_cluster(uri: str, nodes: int) -> None:
+    """A local store serves one node only: on a cluster of several, replicas and later jobs on other nodes could not
+    read what the driver registers there. ValueError naming the store, the node count and the fix."""
+    if nodes > 1 and local_store_path(uri) is not None:
+        raise ValueError(f"MLflow store {uri!r} is a local path, and this Ray cluster has {nodes} nodes, which share no "
+                         "disk: start an MLflow server on the head (mlflow server --serve-artifacts --host 127.0.0.1 "
+                         "...) and set MLFLOW_TRACKING_URI (or --tracking-uri) to its http:// URL.")
+
+
 def checked_tracking_uri(uri: str) -> str:
     """`uri`, unless it is a local store inside a Ray job's temporary working dir (runs and models written there are
     lost when the job's files go): then a ValueError naming the store and the fix."""
-    if uri.startswith(("sqlite:///", "file://")):
-        local = uri.split(":///" if uri.startswith("sqlite") else "://", 1)[1]
-    else:  # a bare path is a file store; "databricks[-uc]" and URLs are remote
-        local = uri if "://" not in uri and not uri.startswith("databricks") else None
-    if local is not None and in_job_working_dir(Path(local)):
+    local = local_store_path(uri)
+    if local is not None and in_job_working_dir(local):
         raise ValueError(f"MLflow store {uri!r} lies in this Ray job's temporary copy of its working dir: its runs and "
                          "registered models would be lost when the job ends. Set MLFLOW_TRACKING_URI (or "
                          "--tracking-uri) to an MLflow server (http://...) or an absolute path outside the job; "
