@@ -34,7 +34,8 @@ def test_a_better_comparable_version_takes_champion_and_a_worse_or_equal_one_doe
 
 
 @pytest.mark.parametrize("change, reason", [
-    (dict(val_fingerprint="b" * 16, val_pairs=48, figure=0.5), "not promoted: validation data differs (48 pairs vs 1,500)"),
+    (dict(val_fingerprint="b" * 16, val_pairs=48, figure=0.5),
+     "not promoted: validation data differs (48 pairs vs 1,500)"),
     (dict(val_fingerprint="b" * 16, figure=0.5), "same 1,500 pairs count, other pairs or labels"),
     (dict(encoder_key="k2", figure=0.5, encoder=FULL.encoder.replace("tau_attn=1.0", "tau_attn=0.5")),
      "not promoted: encoder differs (tau_attn 0.5 vs 1.0)"),
@@ -176,6 +177,7 @@ def test_an_explicit_promote_and_rollback_are_recorded_as_manual(groups, store, 
     assert main(["registry", "--tracking-uri", uri, "--promote", "2", "--reason", "shadow test passed"]) == 0
     rec = json.loads(client.get_model_version(name, "2").tags["promotion"])
     assert rec["manual"] is True and rec["previous"]["version"] == "1"
+    assert {k: str(v) for k, v in client.get_registered_model(name).aliases.items()} == {"champion": "2"}  # not both
     assert rec["reason"] == "manual promotion from version 1 to 2: shadow test passed"
     assert main(["registry", "--tracking-uri", uri, "--rollback"]) == 0
     assert str(client.get_model_version_by_alias(name, "champion").version) == "1"

@@ -85,7 +85,8 @@ def evidence_of(result: GroupResult, data: StudyData, tolerance: float = TRANSFE
         fingerprint = "rows-" + h.hexdigest()[:16]
     return Evidence(task=result.config.task, val_fingerprint=fingerprint, val_pairs=len(val.y),
                     encoder_key=cache_key(data.manifest), encoder=encoder_description(data.manifest),
-                    rule=rule_text(tolerance), tolerance=float(tolerance), figure=float(result.summary["delta_val_mean"]))
+                    rule=rule_text(tolerance), tolerance=float(tolerance),
+                    figure=float(result.summary["delta_val_mean"]))
 
 
 def _champion(name: str, client) -> tuple[str | None, Any]:
@@ -110,6 +111,8 @@ def _move(name: str, version: str, decision: Decision, client, *, manual: bool, 
     client.set_model_version_tag(name, version, "promotion", to_tag(rec))
     client.set_model_version_tag(name, version, "promotion_reason", decision.reason)
     client.set_registered_model_alias(name, decision.alias, version)
+    if decision.alias == "champion" and str(client.get_registered_model(name).aliases.get("challenger")) == version:
+        client.delete_registered_model_alias(name, "challenger")  # one version is not both
     if decision.alias == "champion" and old is not None and old != version:
         left = f"champion moved to version {version}: {decision.reason}"
         _append_event(name, old, {**rec, "alias": "(none)", "reason": left}, client)
@@ -186,8 +189,9 @@ def download_model_artifact(model_uri: str, artifact: str, dst: str | Path | Non
                                                      tracking_uri=tracking_uri))
     folder = local / "artifacts" / artifact
     if not folder.is_dir():
+        logger = "registry.log_adapter_model" if artifact == "adapter" else "cross_encoder_registry.log_cross_encoder"
         raise FileNotFoundError(f"{model_uri} has no artifacts/{artifact} directory; was it logged by embed_lib "
-                                f"({'registry.log_adapter_model' if artifact == 'adapter' else 'cross_encoder.log_cross_encoder'})?")
+                                f"({logger})?")
     return folder
 
 
