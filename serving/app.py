@@ -276,8 +276,7 @@ def build_app(args: dict[str, Any]) -> serve.Application:
     a = AppArgs.parse(args)
     tracking_uri = a.tracking_uri or os.environ.get("MLFLOW_TRACKING_URI")
     # the alias resolved to a version once, and everything read from that version: after the alias moves,
-    # redeploying changes the ingress's user_config and Serve reconfigures it in place (no replica restart, no
-    # dropped request)
+    # redeploying changes the ingress's user_config and Serve moves to the new version without dropping a request
     pinned = pinned_uri(a.model_uri, tracking_uri)
     manifest = resolve_manifest(pinned, tracking_uri, requested=a.model_uri)
     # Serve's own bounds sit above the ingress's admission control: a bounded queue, never an unbounded one. The
