@@ -156,6 +156,7 @@ def _throughput(task: str, model_uri: str, tracking: str, ce_dir: str, backend: 
         out[pl]["ratio_at_0.1_median"] = statistics.median(out[pl]["ratio_at_0.1_by_round"])
     return {**out[placements[0]], "by_placement": out}
 
+
 def _plot(results: dict, path) -> None:
     matplotlib.use("Agg")
 

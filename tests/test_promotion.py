@@ -64,6 +64,7 @@ def test_evidence_round_trips_through_tags_and_a_partial_record_is_none():
 
 # ---- round trips through a real MLflow store ----
 
+
 def _study(stsb_embedded, n_val: int, n_train: int = 300):
     from embed_lib.encoding.cache import EmbeddedSplit, EmbeddedTask
     from embed_lib.training.tensors import prepare_study
