@@ -38,9 +38,14 @@ from sweeps.report import finish_sweep
 from sweeps.trainable import MAX_EPOCHS, METRIC, MODE, make_trainable, precompute
 
 
+def _tracking_uri(args) -> str:
+    """--tracking-uri, else $MLFLOW_TRACKING_URI or ./mlflow.db; never a store in a job's temporary working dir."""
+    return checked_tracking_uri(args.tracking_uri) if args.tracking_uri else default_tracking_uri()
+
+
 def _open_parent_run(args, name: str, storage: Path):
     """(tracking URI, experiment, parent run): the sweep's parent run, reopened on --resume."""
-    tracking_uri = checked_tracking_uri(args.tracking_uri) if args.tracking_uri else default_tracking_uri()
+    tracking_uri = _tracking_uri(args)
     check_store_for_cluster(tracking_uri, len([n for n in ray.nodes() if n.get("Alive")]))
     mlflow.set_tracking_uri(tracking_uri)
     experiment = set_experiment(args.experiment or f"sweep-{args.task}", tracking_uri)
@@ -220,10 +225,7 @@ def sweep_main(doc: str, script: str, space_fn, space_keys: list[str], fixed: di
     args = parser.parse_args()
     try:  # a bad pair file, store or cache: one line naming it and the fix; nothing started
         args.task = resolve_task(args, args.task)
-        if args.tracking_uri:
-            checked_tracking_uri(args.tracking_uri)
-        else:
-            default_tracking_uri()
+        _tracking_uri(args)
         writable_dir(Path(args.cache_dir).absolute() if args.cache_dir else default_cache_dir(),
                      "--cache-dir / $EMBED_CACHE_DIR")
     except (ValueError, FileNotFoundError, RuntimeError) as exc:

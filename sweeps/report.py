@@ -99,8 +99,7 @@ def _describe_version(task: str, name: str, version: str, result, tolerance: flo
     """Tags and description of the registered version: the rule and the figures it was chosen on."""
     s = result.summary
     transfer = {k.split("/")[1]: v for k, v in s.items() if k.startswith("transfer/") and k.endswith("/delta_min")}
-    tags = {"winner_rule": rule_text(tolerance), "transfer_tolerance": repr(tolerance),
-            "val_spearman": repr(float(s[SELECTION_METRIC])),  # the served seed ensemble's, full precision
+    tags = {"val_spearman": repr(float(s[SELECTION_METRIC])),  # the served seed ensemble's, full precision
             "delta_val_positive": f"{s['delta_val_positive']}/{s['n_seeds']}",
             **({"transfer_delta_min": f"{s['transfer_delta_min']:+.5f}"} if "transfer_delta_min" in s else {}),
             **{f"transfer_delta_min.{k}": f"{v:+.5f}" for k, v in transfer.items()}}

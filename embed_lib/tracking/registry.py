@@ -102,11 +102,11 @@ def _append_event(name: str, version: str, rec: dict, client) -> None:
     client.set_model_version_tag(name, version, "promotion_history", appended(earlier, rec))
 
 
-def _move(name: str, version: str, decision: Decision, client, *, manual: bool, evidence: Evidence | None) -> dict:
-    """Set the alias and record the move in the version's history (and, when champion moves, in the history of the
-    version it leaves)."""
+def _move(name: str, version: str, old: str | None, decision: Decision, client, *, manual: bool,
+          evidence: Evidence | None) -> dict:
+    """Set the alias and record the move in the version's history (and, when champion moves from `old`, in the
+    history of the version it leaves)."""
     rec = record(decision, manual=manual, provenance=git_info(), evidence=evidence)
-    old, _ = _champion(name, client)
     _append_event(name, version, rec, client)
     client.set_model_version_tag(name, version, "promotion", to_tag(rec))
     client.set_model_version_tag(name, version, "promotion_reason", decision.reason)
@@ -129,7 +129,7 @@ def promote(name: str, version: str | int, evidence: Evidence, client=None) -> D
         client.set_model_version_tag(name, version, k, v)
     old, mv = _champion(name, client)
     decision = decide(evidence, old, Evidence.from_tags(mv.tags) if mv is not None else None)
-    _move(name, version, decision, client, manual=False, evidence=evidence)
+    _move(name, version, old, decision, client, manual=False, evidence=evidence)
     return decision
 
 
@@ -154,7 +154,7 @@ def move_champion(name: str, version: str | int | None = None, reason: str = "",
                                                              if "delta_val_mean" in mv.tags else {})}
     decision = Decision("champion", f"{what} from version {old} to {version}" + (f": {reason}" if reason else ""),
                         previous)
-    _move(name, version, decision, client, manual=True, evidence=Evidence.from_tags(target.tags))
+    _move(name, version, old, decision, client, manual=True, evidence=Evidence.from_tags(target.tags))
     return decision
 
 
