@@ -4,6 +4,7 @@
 # every Ray process on the machine).
 #
 #   cluster/local.sh start | stop | status | submit -- python sweeps/pair_residual.py --task stsb
+#   cluster/local.sh start --nodes 3 [--gpus-per-worker 1]   # head + 2 worker nodes sharing no disk (cluster/nodes.py)
 #   cluster/local.sh serve [serving/config.yaml]   # serve deploy on this cluster, wait until RUNNING
 #   eval "$(cluster/local.sh env)"                 # this shell's Ray clients (a driver run by hand) reach it
 #
@@ -23,6 +24,15 @@ STATE="${EMBED_RAY_DIR:-$ROOT/.cache/ray_local}"
 PORT="${RAY_PORT:-6390}"
 DASH="${RAY_DASHBOARD_PORT:-8265}"
 PIDFILE="$STATE/head.pid"
+# a multi-node cluster of cluster/nodes.py (`start --nodes N`): submit, serve, status and stop go to it while it runs
+# (its state lives inside this cluster's state dir, so that a test's own EMBED_RAY_DIR never reaches a developer's)
+MULTI="${EMBED_MULTI_DIR:-$STATE/multi}"
+multi() { [[ -f "$MULTI/cluster.json" ]]; }
+DASH_URL="http://127.0.0.1:$DASH"
+if multi; then
+  DASH_URL="$(python3 -c 'import json, sys; print(json.load(open(sys.argv[1]))["dashboard"])' "$MULTI/cluster.json")"
+  export RAY_AUTH_TOKEN_PATH="$MULTI/auth_token"
+fi
 # ports of our own, away from Ray's defaults, so a `ray.init()` elsewhere on the machine cannot take them
 RAY_CLIENT_PORT="${RAY_CLIENT_PORT:-6391}"  # outside the worker range 10002-19999
 RAY_AGENT_PORT="${RAY_AGENT_PORT:-52375}"
@@ -41,13 +51,26 @@ export RAY_AUTH_MODE=token RAY_AUTH_TOKEN_PATH="${RAY_AUTH_TOKEN_PATH:-$STATE/au
 # the runtime env of a submitted job: working_dir, its excludes, and the settings the job must see as the submitter
 # does (absolute paths: the job runs in a temporary copy of the tree)
 job_env() {
+  if multi; then
+    # several nodes share no disk: the cluster's MLflow server (its URL, user and the cluster token), never a local store
+    if [[ -n "${MLFLOW_TRACKING_URI:-}" && "$MLFLOW_TRACKING_URI" != http*://* ]]; then
+      echo "MLFLOW_TRACKING_URI=$MLFLOW_TRACKING_URI is a local store, and this cluster has several nodes that share no" \
+           "disk: unset it to use the cluster's MLflow server, or name another server's http(s):// URL" >&2
+      return 2
+    fi
+    if [[ -z "${MLFLOW_TRACKING_URI:-}" ]]; then
+      server="$(python3 "$ROOT/cluster/nodes.py" env)" || return 2
+      eval "$(grep MLFLOW_ <<<"$server")"
+    fi
+  fi
   if [[ -z "${MLFLOW_TRACKING_URI:-}" ]]; then
     export MLFLOW_TRACKING_URI="sqlite:///$ROOT/mlflow.db" MLFLOW_ARTIFACT_ROOT="${MLFLOW_ARTIFACT_ROOT:-$ROOT/mlartifacts}"
   fi
   # the caches and Tune's state (what --resume reads) where `make` keeps them, not in the job's temporary copy
   export EMBED_CACHE_DIR="${EMBED_CACHE_DIR:-$ROOT/.cache/embed_lib}" EMBED_STORAGE_DIR="${EMBED_STORAGE_DIR:-$ROOT/.cache/ray_results}"
   python3 -c 'import json, os, sys
-keys = ["EMBED_DATA_DIR", "EMBED_CACHE_DIR", "EMBED_STORAGE_DIR", "MLFLOW_TRACKING_URI", "MLFLOW_ARTIFACT_ROOT", "HF_HUB_OFFLINE"]
+keys = ["EMBED_DATA_DIR", "EMBED_CACHE_DIR", "EMBED_STORAGE_DIR", "MLFLOW_TRACKING_URI", "MLFLOW_ARTIFACT_ROOT",
+        "MLFLOW_TRACKING_USERNAME", "MLFLOW_TRACKING_PASSWORD", "HF_HUB_OFFLINE"]
 print(json.dumps({"working_dir": ".", "excludes": json.load(open(sys.argv[1]))["excludes"],
                   "env_vars": {k: os.environ[k] for k in keys if os.environ.get(k)}}))' "$ROOT/cluster/runtime_env.json"
 }
@@ -65,6 +88,12 @@ running() { [[ -f "$PIDFILE" ]] && kill -0 "$(cat "$PIDFILE")" 2>/dev/null; }
 
 case "${1:-}" in
   start)
+    if [[ "${2:-}" == "--nodes" ]]; then
+      # several nodes: cluster/nodes.py (network namespaces, worker nodes as another user, the MLflow server)
+      nodes="${3:?--nodes N}"; shift 3
+      (( nodes > 1 )) || { echo "--nodes $nodes: a one-node cluster is plain 'start'" >&2; exit 2; }
+      exec python3 "$ROOT/cluster/nodes.py" start --workers $((nodes - 1)) "$@"
+    fi
     if running; then echo "local Ray already running (pgid $(cat "$PIDFILE")), dashboard http://127.0.0.1:$DASH"; exit 0; fi
     mkdir -p "$STATE/tmp"
     ensure_token
@@ -87,6 +116,7 @@ case "${1:-}" in
     done
     echo "local Ray did not answer on :$DASH within 120 s; see $STATE/head.log" >&2; exit 1 ;;
   stop)
+    if multi; then python3 "$ROOT/cluster/nodes.py" stop; running || exit 0; fi
     # everything the cluster started shares the session of `setsid ray start` (workers take their own
     # process group, not their own session): stop that session, nothing else on the machine
     if running; then
@@ -117,12 +147,13 @@ case "${1:-}" in
     printf 'export RAY_ADDRESS=%q RAY_AUTH_MODE=token RAY_AUTH_TOKEN_PATH=%q RAY_ENABLE_WINDOWS_OR_OSX_CLUSTER=0\n' \
       "127.0.0.1:$PORT" "$RAY_AUTH_TOKEN_PATH" ;;
   status)
+    if multi; then python3 "$ROOT/cluster/nodes.py" status; exit; fi
     if running; then echo "running (pgid $(cat "$PIDFILE")), dashboard http://127.0.0.1:$DASH"; else echo "stopped"; exit 1; fi ;;
   job-env)
     job_env ;;
   submit)
     shift; [[ "${1:-}" == "--" ]] && shift
-    env_json=$(job_env)
+    env_json=$(job_env) || exit 2
     cd "$ROOT"
     id="embed-$(date +%Y%m%d-%H%M%S)-$$"
     out="$(mktemp)"; trap 'rm -f "$out"' EXIT
@@ -130,24 +161,24 @@ case "${1:-}" in
     # the job's log to its end: cluster/dashboard.py reads the job API several times a second and prints the
     # verdict as its last line (`ray job submit` without --no-wait notices a job's end seconds late)
     for attempt in $(seq 1 60); do
-      ray job submit --no-wait --address "http://127.0.0.1:$DASH" --submission-id "$id" \
+      ray job submit --no-wait --address "$DASH_URL" --submission-id "$id" \
         --runtime-env-json "$env_json" -- "$@" >"$out" 2>&1 && break
       grep -q "No available agent" "$out" && [[ $attempt != 60 ]] || { cat "$out"; echo "Job '$id' NOT SUBMITTED"; exit 1; }
       sleep 2
     done
     grep -o "Job '$id' submitted successfully" "$out" || true
-    python3 "$ROOT/cluster/dashboard.py" follow-job "http://127.0.0.1:$DASH" "$id" ;;
+    python3 "$ROOT/cluster/dashboard.py" follow-job "$DASH_URL" "$id" ;;
   serve)
     # deploy a Serve config (default serving/config.yaml) on this cluster and wait until it is RUNNING
     config="$(realpath "${2:-$ROOT/serving/config.yaml}")"
     [[ -f "$config" ]] || { echo "no Serve config at $config" >&2; exit 1; }
-    running || { echo "local Ray is not running: cluster/local.sh start first" >&2; exit 1; }
+    running || multi || { echo "local Ray is not running: cluster/local.sh start first" >&2; exit 1; }
     cd "$ROOT"
-    serve deploy "$config" --address "http://127.0.0.1:$DASH"
+    serve deploy "$config" --address "$DASH_URL"
     # wait on the dashboard's Serve REST API (what `serve status` reads, polled from one process instead of a
     # Python that imports Ray per look) until every application of the config is RUNNING with healthy
     # deployments, or one has failed
-    python3 "$ROOT/cluster/dashboard.py" wait-serve "http://127.0.0.1:$DASH" "$config" ;;
+    python3 "$ROOT/cluster/dashboard.py" wait-serve "$DASH_URL" "$config" ;;
   *)
     echo "usage: $0 start | stop | status | env | job-env | submit -- COMMAND... | serve [CONFIG]" >&2; exit 2 ;;
 esac

@@ -13,6 +13,9 @@ class Replicas(BaseModel):
     max: int = Field(2, ge=1)
     num_cpus: float = Field(0.25, gt=0, description="fractional CPUs per replica: replicas that each ask for a "
                             "whole CPU cannot all be placed on a small node, and Serve waits for them")
+    max_per_node: int | None = Field(None, ge=1, description="replicas of this deployment per Ray node at the most "
+                                     "(Serve's max_replicas_per_node): 1 spreads them over the nodes of a cluster, so "
+                                     "that losing one node loses one replica")
 
 
 class AppArgs(BaseModel):
@@ -70,7 +73,8 @@ class AppArgs(BaseModel):
 
 def deployment_options(r: Replicas, access_log: bool = False, **extra) -> dict[str, Any]:
     """Serve options of a deployment from its Replicas settings."""
-    return {"ray_actor_options": {"num_cpus": r.num_cpus},
+    spread = {"max_replicas_per_node": r.max_per_node} if r.max_per_node else {}
+    return {"ray_actor_options": {"num_cpus": r.num_cpus}, **spread,
             "logging_config": {"enable_access_log": access_log},
             "autoscaling_config": {"min_replicas": r.min, "max_replicas": r.max, "initial_replicas": max(1, r.min),
                                    "target_ongoing_requests": 4}, **extra}

@@ -31,7 +31,7 @@ from embed_lib.config import default_cache_dir, writable_dir
 from embed_lib.teacher.config import preset_of
 from embed_lib.tracking.registry import model_name
 from embed_lib.tracking.runs import (check_store_for_cluster, checked_tracking_uri, default_tracking_uri, git_info,
-                                     log_task_inputs, set_experiment, ui_link)
+                                     local_store_path, log_task_inputs, set_experiment, ui_link)
 from sweeps.flags import add_sweep_args, parse_grid, transfer_tasks
 from sweeps.mlflow_callback import MLflowTrialCallback, close_orphans
 from sweeps.report import finish_sweep
@@ -201,8 +201,9 @@ def run_sweep(args, script: str, space_fn, space_keys: list[str], fixed: dict[st
                stages=stages)
     print("stages: " + ", ".join(f"{k[:-2]} {v:.0f}s" for k, v in stages.items()))
 
-    print(f"MLflow: {tracking_uri} experiment '{experiment.name}', sweep run {parent.info.run_id}. UI: make mlflow-ui, "
-          f"then {ui_link(experiment.experiment_id, parent.info.run_id)}")
+    link = ui_link(experiment.experiment_id, parent.info.run_id, tracking_uri=tracking_uri)
+    where = "" if local_store_path(tracking_uri) is None else "make mlflow-ui, then "
+    print(f"MLflow: {tracking_uri} experiment '{experiment.name}', sweep run {parent.info.run_id}. UI: {where}{link}")
     return out
 
 

@@ -6,7 +6,7 @@ import json
 from typing import Any
 
 import mlflow
-from mlflow.entities import Metric, Param
+from mlflow.entities import Metric, Param, RunTag
 from ray import tune
 
 from sweeps.trainable import FINAL_KEYS, METRIC
@@ -20,6 +20,7 @@ class MLflowTrialCallback(tune.Callback):
         self.tracking_uri, self.experiment_id, self.parent = tracking_uri, experiment_id, parent_run_id
         self.fixed = dict(fixed or {})  # what the trainable applies over the trial's config
         self.runs: dict[str, str] = {}
+        self.nodes: dict[str, list[str]] = {}  # trial id -> the nodes it ran on, in order (a retry may move it)
 
     @property
     def client(self):
@@ -47,8 +48,24 @@ class MLflowTrialCallback(tune.Callback):
     def on_trial_start(self, iteration, trials, trial, **info):
         self._run_for(trial)
 
+    def _tag_node(self, run_id: str, trial_id: str, node_json: str) -> None:
+        """The node a trial runs on, as tags of its run (node_id, node_ip, node_type, node_resources,
+        trial_resources); `node_history` lists every node when a retry moved it."""
+        node = json.loads(node_json)
+        seen = self.nodes.setdefault(trial_id, [])
+        if seen and seen[-1] == node["id"]:
+            return
+        seen.append(node["id"])
+        self.client.log_batch(run_id, tags=[RunTag(k, v) for k, v in {
+            "node_id": node["id"], "node_ip": str(node.get("ip")), "node_type": node.get("type") or "",
+            "node_resources": json.dumps(node.get("resources", {}), sort_keys=True),
+            "trial_resources": json.dumps(node.get("trial_resources", {}), sort_keys=True),
+            "node_history": ",".join(seen)}.items()])
+
     def on_trial_result(self, iteration, trials, trial, result, **info):
         run_id, step = self._run_for(trial), int(result.get("training_iteration", 0))
+        if isinstance(result.get("node"), str):
+            self._tag_node(run_id, trial.trial_id, result["node"])
         ts = int(result.get("timestamp", 0) * 1000)
         if "per_seed" in result:
             per_seed = json.loads(result["per_seed"])

@@ -6,8 +6,8 @@
 """
 from __future__ import annotations
 
-import functools
 import json
+import tempfile
 from typing import Any
 
 import ray
@@ -15,9 +15,9 @@ import torch
 from ray import tune
 
 from embed_lib.config import AdapterConfig
-from embed_lib.data.tasks import CUSTOM
-from embed_lib.pipeline.distributed import LazyPool, precompute_embeddings
+from embed_lib.pipeline.distributed import LazyPool, usable_device
 from embed_lib.pipeline.prepare import load_study
+from embed_lib.teacher.scores import teacher_scores
 from embed_lib.training.seed_group import train_seed_group
 
 #: what the searcher and ASHA read: each epoch's mean validation delta while a trial trains, then the harm-penalised
@@ -44,28 +44,35 @@ def final_metrics(summary: dict[str, Any]) -> dict[str, float]:
     return {k: float(v) for k, v in summary.items() if k in FINAL_KEYS or k.startswith("transfer/")}
 
 
-def _load_there(load, task: str, custom):
-    """`load` in a Ray task; a custom task (read and validated on the driver) is registered there first."""
-    if custom is not None:
-        CUSTOM[task] = custom
-    return load()
+def _teacher_there(splits, cfg):
+    """The held-out teacher trained where this Ray task runs (a GPU node): its scores and record go back to the
+    driver through the object store; what it writes on the way (the intermediate stage) stays in a temporary
+    directory of that node, gone with it."""
+    with tempfile.TemporaryDirectory(prefix="embed-teacher-") as tmp:
+        return teacher_scores(splits, cfg, tmp, device=usable_device("cuda"))
+
+
+def remote_teacher(splits, cfg):
+    """`teacher_scores`' compute for a cluster with GPUs: one Ray task with a whole GPU."""
+    print("teacher: training in a Ray task on a GPU node; its scores return through the object store and are cached "
+          "where this driver runs (the task's progress is in that node's worker log)", flush=True)
+    return ray.get(ray.remote(num_cpus=1, num_gpus=1, max_retries=2)(_teacher_there).remote(splits, cfg))
 
 
 def precompute(task: str, encoder, teacher, data_dir, cache_dir, limit: int | None, workers: int = 1,
                transfer=(), progress=None):
-    """(StudyData, teacher record), assembled once before any trial: sentences missing from the cache (the
-    task's and the transfer checks') are encoded by a pool of `workers` Ray actors; the held-out teacher is
-    trained (or read from its cache) on the driver, where its progress reaches the job's output. On a
-    cluster with GPUs the encoders take one GPU each and the study is assembled in a Ray task on a GPU."""
-    load = functools.partial(load_study, task, encoder, teacher, data_dir=data_dir, cache_dir=cache_dir, limit=limit,
-                             transfer=transfer)
-    if ray.cluster_resources().get("GPU", 0) >= 1:
-        precompute_embeddings(task, encoder, data_dir=data_dir, cache_dir=cache_dir, workers=workers, use_gpu=True,
-                              limit=limit, transfer=transfer)
-        return ray.get(ray.remote(num_cpus=1, num_gpus=1)(_load_there).remote(load, task, CUSTOM.get(task)))
-    pool = LazyPool(encoder, workers)
+    """(StudyData, teacher record), assembled once before any trial, on the driver: sentences missing from the cache
+    (the task's and the transfer checks') are encoded by a pool of `workers` Ray actors; the held-out teacher is
+    trained (or read from its cache) on the driver, where its progress reaches the job's output. On a cluster with
+    GPUs the encoders take one GPU each and the teacher trains in a Ray task on a GPU. Vectors and scores come back
+    through the object store into the driver's caches: no node reads another's disk, and trials get the study
+    through the object store too (`make_trainable`)."""
+    gpu = ray.cluster_resources().get("GPU", 0) >= 1
+    pool = LazyPool(encoder, workers, use_gpu=gpu)
     try:
-        return load(progress=progress, lazy=pool)
+        return load_study(task, encoder, teacher, data_dir=data_dir, cache_dir=cache_dir, limit=limit,
+                          transfer=transfer, progress=progress, lazy=pool,
+                          teacher_compute=remote_teacher if gpu else None)
     finally:
         pool.shutdown()
 
@@ -80,16 +87,30 @@ def resolve(config: dict[str, Any], data, fixed: dict[str, Any]):
     return AdapterConfig.from_dict({**config, **fixed}), data
 
 
+def node_record() -> str:
+    """Where this trial runs, as JSON: the Ray node's id, address, type (the cluster YAMLs' node types are custom
+    resources: head, cpu_worker, gpu_worker) and resources, and the trial's own (what MLflow tags it with)."""
+    ctx = ray.get_runtime_context()
+    node_id = ctx.get_node_id()
+    node = next((n for n in ray.nodes() if n["NodeID"] == node_id), {})
+    resources = node.get("Resources", {})
+    return json.dumps({"id": node_id, "ip": node.get("NodeManagerAddress"),
+                       "type": next((k for k in resources if k.endswith("_worker") or k == "head"), ""),
+                       "resources": {k: v for k, v in resources.items() if "node:" not in k and "memory" not in k},
+                       "trial_resources": ctx.get_assigned_resources()})
+
+
 def trial(config: dict[str, Any], data=None, fixed: dict[str, Any] | None = None, threads: int = 1,
           use_gpu: bool = False, tolerance: float = 0.001) -> None:
     """One Tune trial: the whole seed group of one configuration."""
     torch.set_num_threads(max(1, threads))
     cfg, data = resolve(config, data, fixed or {})
-    device = "cuda" if use_gpu and torch.cuda.is_available() else "cpu"
-    result = train_seed_group(cfg, data, on_epoch=lambda epoch, h: tune.report({**h, METRIC: h["epoch/delta_val_mean"]}),
-                              evaluate_test=False, device=device)
+    device = usable_device("cuda") if use_gpu else "cpu"
+    node = node_record()
+    result = train_seed_group(cfg, data, on_epoch=lambda epoch, h: tune.report(
+        {**h, METRIC: h["epoch/delta_val_mean"], "node": node}), evaluate_test=False, device=device)
     final = final_metrics(result.summary)
-    tune.report({**final, METRIC: objective(result.summary, tolerance), "final": 1,
+    tune.report({**final, METRIC: objective(result.summary, tolerance), "final": 1, "node": node,
                  "per_seed": json.dumps(result.per_seed), "seconds": result.seconds})
 
 

@@ -57,20 +57,39 @@ def test_a_cache_the_driver_cannot_write_fails_before_anything_starts(tmp_path):
         writable_dir(tmp_path / "file" / "cache", "--cache-dir")
 
 
-def _job_env(**env) -> dict:
+def _job_env(state_dir, check=True, **env):
+    """What `cluster/local.sh job-env` forwards, for the cluster whose state is in `state_dir` (never the developer's)."""
     base = {k: v for k, v in os.environ.items()
-            if k not in ("MLFLOW_TRACKING_URI", "MLFLOW_ARTIFACT_ROOT", "EMBED_CACHE_DIR", "EMBED_STORAGE_DIR")}
-    out = subprocess.run([str(REPO / "cluster" / "local.sh"), "job-env"], env={**base, **env}, capture_output=True,
-                         text=True, timeout=30, check=True).stdout
-    return json.loads(out)["env_vars"]
+            if k not in ("MLFLOW_TRACKING_URI", "MLFLOW_ARTIFACT_ROOT", "EMBED_CACHE_DIR", "EMBED_STORAGE_DIR",
+                         "EMBED_MULTI_DIR")}
+    proc = subprocess.run([str(REPO / "cluster" / "local.sh"), "job-env"], capture_output=True, text=True, timeout=30,
+                          env={**base, "EMBED_RAY_DIR": str(state_dir), **env})
+    if not check:
+        return proc
+    assert proc.returncode == 0, proc.stderr
+    return json.loads(proc.stdout)["env_vars"]
 
 
-def test_submit_forwards_the_submitters_absolute_store_when_none_is_set():
-    env = _job_env()
+def test_submit_forwards_the_submitters_absolute_store_when_none_is_set(tmp_path):
+    env = _job_env(tmp_path)
     assert env["MLFLOW_TRACKING_URI"] == f"sqlite:///{REPO}/mlflow.db"
     assert env["MLFLOW_ARTIFACT_ROOT"] == f"{REPO}/mlartifacts"
     assert (env["EMBED_CACHE_DIR"], env["EMBED_STORAGE_DIR"]) == (f"{REPO}/.cache/embed_lib", f"{REPO}/.cache/ray_results")
-    assert _job_env(MLFLOW_TRACKING_URI="http://127.0.0.1:5000")["MLFLOW_TRACKING_URI"] == "http://127.0.0.1:5000"
+    assert _job_env(tmp_path, MLFLOW_TRACKING_URI="http://127.0.0.1:5000")["MLFLOW_TRACKING_URI"] == "http://127.0.0.1:5000"
+
+
+def test_a_job_on_several_nodes_uses_the_clusters_mlflow_server_and_a_local_store_is_refused_at_submit(tmp_path):
+    # the state cluster/nodes.py writes for a running cluster of several nodes (no cluster needed to read it)
+    (tmp_path / "multi").mkdir()
+    (tmp_path / "multi" / "auth_token").write_text("t" * 64)
+    (tmp_path / "multi" / "cluster.json").write_text(json.dumps({"dashboard": "http://10.213.7.2:8265", "nodes": {}}))
+    env = _job_env(tmp_path, EMBED_NET="10.213.7")
+    assert env["MLFLOW_TRACKING_URI"] == "http://10.213.7.2:5050"
+    assert (env["MLFLOW_TRACKING_USERNAME"], env["MLFLOW_TRACKING_PASSWORD"]) == ("embed", "t" * 64)
+    assert "MLFLOW_ARTIFACT_ROOT" not in env  # the server proxies artifacts: no local path travels
+    proc = _job_env(tmp_path, check=False, MLFLOW_TRACKING_URI=f"sqlite:///{tmp_path}/mlflow.db")
+    assert proc.returncode == 2 and proc.stdout == ""
+    assert "is a local store, and this cluster has several nodes" in proc.stderr and "MLflow server" in proc.stderr
 
 
 def test_a_sweep_with_an_unwritable_cache_stops_before_ray_or_mlflow_start(tmp_path):

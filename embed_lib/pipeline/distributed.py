@@ -8,6 +8,7 @@ GPUs are used, fractional CPUs otherwise); shards are contiguous chunks, reassem
 """
 from __future__ import annotations
 
+import logging
 from pathlib import Path
 from typing import Any, Sequence
 
@@ -21,14 +22,30 @@ from embed_lib.encoding.encoders import FrozenEncoder, encoder_manifest
 from embed_lib.pipeline.prepare import transfer_splits
 from embed_lib.progress import Progress
 
+log = logging.getLogger(__name__)
+
 
 class _EncoderActor:
     def __init__(self, config: EncoderConfig, threads: int) -> None:
         torch.set_num_threads(max(1, threads))
-        self.encoder = FrozenEncoder(config)
+        self.encoder = FrozenEncoder(EncoderConfig(**{**config.to_dict(), "device": usable_device(config.device)}))
 
     def encode(self, texts: list[str]) -> np.ndarray:
         return self.encoder.encode(texts, show_progress=False)
+
+
+_SAID: set[str] = set()
+
+
+def usable_device(device: str) -> str:
+    """`device`, or "cpu" when it names CUDA and this process has none (a node with logical GPUs only, as Ray's
+    fake clusters and `ray start --num-gpus` on a CPU machine give): said once per process in the log."""
+    if device.startswith("cuda") and not torch.cuda.is_available():
+        if "cuda" not in _SAID:
+            _SAID.add("cuda")
+            log.warning("this node has a logical GPU and no CUDA device: running on CPU")
+        return "cpu"
+    return device
 
 
 class DistributedEncoder:

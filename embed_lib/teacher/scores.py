@@ -142,9 +142,14 @@ def _cross_fit(splits: Mapping[str, PairData], cfg: TeacherConfig, device: str, 
 
 def teacher_scores(splits: Mapping[str, PairData], cfg: TeacherConfig | None = None,
                    cache_root: str | Path | None = None, device: str | None = None,
-                   progress: Callable[[str], None] | None = None) -> tuple[dict[str, np.ndarray], dict[str, Any]]:
+                   progress: Callable[[str], None] | None = None,
+                   compute: Callable[[dict[str, PairData], TeacherConfig], tuple[dict, dict]] | None = None,
+                   ) -> tuple[dict[str, np.ndarray], dict[str, Any]]:
     """Held-out teacher scores (logits) per split and the teacher record (recipe, per-fold curves, Spearman
-    per split, seconds, pairs/s). Cached under <cache_root>/teacher/<key>.npz + .json."""
+    per split, seconds, pairs/s). Cached under <cache_root>/teacher/<key>.npz + .json.
+
+    compute: what produces them on a cache miss instead of this process (`compute(splits, cfg)` -> (scores,
+    record)), e.g. a Ray task on a GPU node that returns them through the object store; they are cached here."""
     cfg = cfg or TeacherConfig()
     missing = [s for s in ("train", "validation", "test") if s not in splits]
     if missing:
@@ -156,6 +161,10 @@ def teacher_scores(splits: Mapping[str, PairData], cfg: TeacherConfig | None = N
         hit = _read_cache(npz, meta_path, key, splits)
         if hit is not None:
             return hit
+    if compute is not None:
+        scores, record = compute(dict(splits), cfg)
+        _write_cache(npz, meta_path, scores, record)
+        return scores, record
     progress = progress or log.info
     device = device or ("cuda" if torch.cuda.is_available() else "cpu")
     t0 = time.perf_counter()
@@ -174,12 +183,16 @@ def teacher_scores(splits: Mapping[str, PairData], cfg: TeacherConfig | None = N
     trained = sum(c["pairs_per_s"] * c["seconds"] for f in record["folds"] for c in f["curve"])
     train_s = sum(c["seconds"] for f in record["folds"] for c in f["curve"])
     record["train_pairs_per_s"] = round(trained / train_s, 1) if train_s else None
-    root.mkdir(parents=True, exist_ok=True)
+    _write_cache(npz, meta_path, scores, record)
+    return scores, record
+
+
+def _write_cache(npz: Path, meta_path: Path, scores: Mapping[str, np.ndarray], record: dict[str, Any]) -> None:
+    npz.parent.mkdir(parents=True, exist_ok=True)
     tmp = npz.with_suffix(".tmp.npz")
     np.savez(tmp, **scores)
     tmp.replace(npz)
     meta_path.write_text(json.dumps(record, indent=2))
-    return scores, record
 
 
 def error_correlation(teacher: np.ndarray, s0: np.ndarray, y: np.ndarray) -> float:

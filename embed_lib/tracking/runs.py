@@ -9,6 +9,7 @@ import subprocess
 import sys
 from pathlib import Path
 from typing import Any
+from urllib.parse import urlparse
 
 import mlflow
 import numpy as np
@@ -42,8 +43,8 @@ def check_store_for_cluster(uri: str, nodes: int) -> None:
     read what the driver registers there. ValueError naming the store, the node count and the fix."""
     if nodes > 1 and local_store_path(uri) is not None:
         raise ValueError(f"MLflow store {uri!r} is a local path, and this Ray cluster has {nodes} nodes, which share no "
-                         "disk: start an MLflow server on the head (mlflow server --serve-artifacts --host 127.0.0.1 "
-                         "...) and set MLFLOW_TRACKING_URI (or --tracking-uri) to its http:// URL.")
+                         "disk: start an MLflow server on the head (mlflow server --serve-artifacts ...; cluster/nodes.py "
+                         "start does) and set MLFLOW_TRACKING_URI (or --tracking-uri) to its http:// URL.")
 
 
 def checked_tracking_uri(uri: str) -> str:
@@ -163,10 +164,14 @@ def default_artifact_root(tracking_uri: str) -> str:
     return str((Path.cwd() / "mlartifacts").absolute())
 
 
-def ui_link(experiment_id: str, run_id: str | None = None, port: int | None = None) -> str:
-    """The MLflow UI page of an experiment (or run) as `make mlflow-ui` serves it, on the model-training view."""
-    port = port or int(os.environ.get("MLFLOW_PORT", "5000"))
+def ui_link(experiment_id: str, run_id: str | None = None, port: int | None = None,
+            tracking_uri: str | None = None) -> str:
+    """The MLflow UI page of an experiment (or run), on the model-training view: on the tracking server itself when
+    `tracking_uri` is one, else as `make mlflow-ui` serves a local store."""
     page = f"experiments/{experiment_id}" + (f"/runs/{run_id}" if run_id else "")
+    if tracking_uri and tracking_uri.startswith(("http://", "https://")):
+        return f"{tracking_uri.rstrip('/')}/#/{page}?workflowType=machine_learning"
+    port = port or int(os.environ.get("MLFLOW_PORT", "5000"))
     return f"http://127.0.0.1:{port}/#/{page}?workflowType=machine_learning"
 
 
@@ -182,16 +187,24 @@ def init_store(tracking_uri: str) -> None:
 
 
 def set_experiment(name: str, tracking_uri: str | None = None):
-    """mlflow.set_experiment, creating the experiment with an absolute artifact location if it is new."""
+    """mlflow.set_experiment, creating the experiment if it is new: with an absolute artifact location for a local
+    store, with the server's own (`mlflow-artifacts:`, proxied) for a tracking server. A server's experiment whose
+    artifacts lie on a local path is refused (ValueError naming it and the fix): no other node could read them."""
     uri = tracking_uri or mlflow.get_tracking_uri()
     init_store(uri)
     mlflow.set_tracking_uri(uri)
-    if mlflow.get_experiment_by_name(name) is None:
+    local = local_store_path(uri) is not None
+    existing = mlflow.get_experiment_by_name(name)
+    if existing is None:
         try:
-            mlflow.create_experiment(name, artifact_location=Path(default_artifact_root(uri)).as_uri())
+            mlflow.create_experiment(name, artifact_location=Path(default_artifact_root(uri)).as_uri() if local else None)
         except Exception:  # created concurrently by another process: use theirs
             if mlflow.get_experiment_by_name(name) is None:
                 raise
+    elif not local and urlparse(existing.artifact_location).scheme in ("", "file"):
+        raise ValueError(f"experiment {name!r} of the MLflow server {uri} keeps its artifacts on a local path "
+                         f"({existing.artifact_location}), which other nodes cannot read: name a new experiment "
+                         "(--experiment NAME), which the server creates with proxied artifacts (mlflow-artifacts:).")
     experiment = mlflow.set_experiment(name)
     # MLflow 3 opens experiments on its GenAI view unless told otherwise: the kind tag says "model training"
     # to the UIs that read it; 3.17's UI follows its global GenAI / Model training switch, which the links
