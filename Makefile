@@ -20,7 +20,7 @@ TASK ?= stsb
 SWEEP_ARGS ?=
 MLFLOW_PORT ?= 5000
 
-.PHONY: venv constraints run sweep smoke serve serve-cascade teacher frontier backends cluster-start cluster-stop mlflow-ui baseline study retrieval test test-no-mirror fuzz bench chaos clean
+.PHONY: venv constraints run sweep smoke serve serve-cascade teacher frontier backends cluster-start cluster-stop cluster-tools mlflow-ui baseline study retrieval test test-no-mirror fuzz bench chaos clean
 
 venv: $(STAMP)
 $(STAMP): pyproject.toml constraints.txt
@@ -77,6 +77,12 @@ cluster-start: venv
 cluster-stop:
 	cluster/local.sh stop
 
+## what cluster/nodes.py needs beside iproute2 and util-linux (several nodes on one machine, tests/test_multinode.py):
+## nftables for the head's firewall, installed from Debian's packages when missing and this is root
+cluster-tools:
+	@command -v nft >/dev/null || command -v iptables >/dev/null || [[ $$(id -u) != 0 ]] || ! command -v apt-get >/dev/null \
+	  || { echo "installing nftables (cluster/nodes.py's head firewall)"; { apt-get install -y -q nftables || { apt-get update -q && apt-get install -y -q nftables; }; } >/dev/null; }
+
 mlflow-ui: venv
 	MLFLOW_SERVER_ENABLE_JOB_EXECUTION=false $(BIN)/mlflow server --host 127.0.0.1 --port $(MLFLOW_PORT) \
 	  --backend-store-uri $(MLFLOW_TRACKING_URI) --default-artifact-root $(MLFLOW_ARTIFACT_ROOT)
@@ -99,7 +105,7 @@ retrieval: venv
 ## the whole suite (slow and integration tests included), a module per worker: most of its time is spent
 ## waiting on Ray, Serve and subprocesses, so two workers finish sooner even on 2 cores (TEST_WORKERS=0: serial)
 TEST_WORKERS ?= 2
-test: venv
+test: venv cluster-tools
 	@echo "$(DATA_NOTE)"
 	$(BIN)/lint-imports  # the architecture contracts (pyproject.toml): an import against them fails the suite
 	$(BIN)/python -m pytest -q $(if $(filter 0,$(TEST_WORKERS)),,-n $(TEST_WORKERS) --dist loadfile --no-loadscope-reorder)

@@ -5,6 +5,7 @@
 #
 #   cluster/local.sh start | stop | status | submit -- python sweeps/pair_residual.py --task stsb
 #   cluster/local.sh start --nodes 3 [--gpus-per-worker 1]   # head + 2 worker nodes sharing no disk (cluster/nodes.py)
+#   cluster/local.sh start --nodes 1 --autoscale             # head only; Ray's autoscaler adds worker nodes on demand
 #   cluster/local.sh serve [serving/config.yaml]   # serve deploy on this cluster, wait until RUNNING
 #   eval "$(cluster/local.sh env)"                 # this shell's Ray clients (a driver run by hand) reach it
 #
@@ -91,7 +92,7 @@ case "${1:-}" in
     if [[ "${2:-}" == "--nodes" ]]; then
       # several nodes: cluster/nodes.py (network namespaces, worker nodes as another user, the MLflow server)
       nodes="${3:?--nodes N}"; shift 3
-      (( nodes > 1 )) || { echo "--nodes $nodes: a one-node cluster is plain 'start'" >&2; exit 2; }
+      (( nodes > 1 )) || [[ " $* " == *" --autoscale"* ]] || { echo "--nodes $nodes: a one-node cluster is plain 'start'" >&2; exit 2; }
       exec python3 "$ROOT/cluster/nodes.py" start --workers $((nodes - 1)) "$@"
     fi
     if running; then echo "local Ray already running (pgid $(cat "$PIDFILE")), dashboard http://127.0.0.1:$DASH"; exit 0; fi

@@ -21,6 +21,8 @@ cluster on a machine), EMBED_WORKER_USER (embed-worker), VENV, EMBED_MULTI_DIR (
 from __future__ import annotations
 
 import argparse
+import contextlib
+import fcntl
 import json
 import os
 import pwd
@@ -53,6 +55,15 @@ HEAD_IP = f"{NET}.2"
 
 def sh(*cmd: str, check: bool = True, **kw) -> subprocess.CompletedProcess:
     return subprocess.run(list(cmd), check=check, text=True, capture_output=True, **kw)
+
+
+@contextlib.contextmanager
+def locked():
+    """The state file's lock: the autoscaler's provider adds and removes nodes while other commands run."""
+    STATE.mkdir(parents=True, exist_ok=True)
+    with open(STATE / "cluster.lock", "w") as fh:
+        fcntl.flock(fh, fcntl.LOCK_EX)
+        yield
 
 
 def state() -> dict:
@@ -145,49 +156,100 @@ def node_env(home: Path, temp: Path, token_path: Path) -> dict[str, str]:
     return env
 
 
-def start_head(st: dict) -> None:
+def start_head(st: dict, autoscale: str | None = None) -> None:
     # a short temp dir: Ray's Unix sockets live under it, and a socket path is at most 107 bytes
     ns, temp = f"emb{TAG}-head", Path(f"/tmp/emb{TAG}-head")
     add_namespace(ns, HEAD_IP, 0)
     shutil.rmtree(temp, ignore_errors=True)
     temp.mkdir(mode=0o700, parents=True)
-    env = {**node_env(Path.home(), temp, STATE / "auth_token"), **mlflow_env(), "PYTHONPATH": str(ROOT)}
+    env = {**node_env(Path.home(), temp, STATE / "auth_token"), **mlflow_env(), "PYTHONPATH": str(ROOT),
+           # what the autoscaler's provider (cluster/netns_provider.py, in the head's monitor) needs to add nodes
+           "EMBED_NET": NET, "EMBED_MULTI_DIR": str(STATE), "EMBED_WORKER_USER": WORKER_USER, "VENV": str(VENV)}
+    extra = []
+    if autoscale:
+        env.update(RAY_FAKE_CLUSTER="1", AUTOSCALER_UPDATE_INTERVAL_S="1")
+        extra = [f"--autoscaling-config={autoscale}"]
     # the head schedules, tracks and drives: no trial or replica runs there (0 logical CPUs), as in cluster/aws.yaml
     pid = spawn(ns, ["ray", "start", "--head", "--block", f"--node-ip-address={HEAD_IP}", f"--port={GCS_PORT}",
                      f"--dashboard-host={HEAD_IP}", f"--dashboard-port={DASH_PORT}", f"--temp-dir={temp / 'ray'}",
-                     "--num-cpus=0", "--disable-usage-stats"], env, STATE / "head.log")
+                     "--num-cpus=0", "--disable-usage-stats", *extra], env, STATE / "head.log")
+    st["firewall"] = firewall_head(ns)
     st["nodes"]["head"] = {"ns": ns, "ip": HEAD_IP, "sid": pid, "kind": "head", "user": pwd.getpwuid(os.getuid()).pw_name,
                            "cpus": 0, "gpus": 0, "temp": str(temp)}
 
 
-def start_mlflow(st: dict) -> None:
-    """The cluster's MLflow server on the head: the clone's store, artifacts proxied (`mlflow-artifacts:`), every
-    request but /health asking for the cluster token (HTTP basic auth, user `embed`)."""
-    ini = STATE / "mlflow_auth.ini"
+#: Ray's Prometheus servers of the dashboard and the autoscaler: Ray binds them to every interface when the node's
+#: address is not loopback, with no setting to change it and no token; the head's firewall keeps them to its loopback
+LOOPBACK_ONLY_PORTS = (44217, 44227)
+
+
+def firewall_head(ns: str) -> str:
+    """In the head's namespace, refuse TCP to LOOPBACK_ONLY_PORTS from anywhere but loopback (nftables, else
+    iptables); returns what was applied, or why nothing was."""
+    ports = ", ".join(str(p) for p in LOOPBACK_ONLY_PORTS)
+    if shutil.which("nft"):
+        for cmd in ("add table inet embed",
+                    "add chain inet embed input { type filter hook input priority 0 ; policy accept ; }",
+                    f"add rule inet embed input ip saddr != 127.0.0.0/8 tcp dport {{ {ports} }} reject"):
+            sh("ip", "netns", "exec", ns, "nft", *cmd.split())
+        return f"nft: tcp dport {{{ports}}} from non-loopback rejected"
+    if shutil.which("iptables"):
+        for port in LOOPBACK_ONLY_PORTS:
+            sh("ip", "netns", "exec", ns, "iptables", "-A", "INPUT", "-p", "tcp", "--dport", str(port), "!", "-s",
+               "127.0.0.0/8", "-j", "REJECT")
+        return f"iptables: tcp dport {ports} from non-loopback rejected"
+    print(f"warning: neither nft nor iptables found: Ray's metrics ports {ports} of the head answer on {HEAD_IP} "
+          "without a token (install nftables)", file=sys.stderr)
+    return "none (no nft / iptables)"
+
+
+def mlflow_server_argv(host: str, port: int, store: str, artifacts: str, state: Path, token_path: Path
+                       ) -> tuple[list[str], dict[str, str]]:
+    """(argv, environment) of an MLflow tracking server for a cluster: `store` (a sqlite store is created first, before
+    the server's workers start: concurrent creation corrupts it), artifacts proxied from `artifacts`
+    (`mlflow-artifacts:` URIs, so no client needs a path), and every request but /health asking for user `embed` with
+    the cluster token as password (MLflow's basic-auth app; its user store under `state`)."""
+    state.mkdir(parents=True, exist_ok=True)
+    ini = state / "mlflow_auth.ini"
     ini.write_text("[mlflow]\ndefault_permission = EDIT\n"
-                   f"database_uri = sqlite:///{STATE / 'mlflow_auth.db'}\nadmin_username = embed\n"
+                   f"database_uri = sqlite:///{state / 'mlflow_auth.db'}\nadmin_username = embed\n"
                    "authorization_function = mlflow.server.auth:authenticate_request_basic_auth\n")
-    env = {**node_env(Path.home(), STATE, STATE / "auth_token"), "MLFLOW_AUTH_CONFIG_PATH": str(ini),
-           "MLFLOW_AUTH_ADMIN_PASSWORD": token(), "MLFLOW_FLASK_SERVER_SECRET_KEY": secrets.token_hex(16),
-           "MLFLOW_SERVER_ENABLE_JOB_EXECUTION": "false"}
+    if store.startswith("sqlite:///") and not os.path.exists(store[len("sqlite:///"):]):
+        sh(str(VENV / "bin" / "python") if (VENV / "bin" / "python").exists() else sys.executable, "-c",
+           "import sys; from mlflow.store.tracking.sqlalchemy_store import SqlAlchemyStore; "
+           "SqlAlchemyStore(sys.argv[1], 'mlflow-artifacts:/')", store)
+        os.chmod(store[len("sqlite:///"):], 0o600)
+    if "://" not in artifacts:  # a local folder: only the server's user reads it
+        Path(artifacts).mkdir(parents=True, exist_ok=True)
+        Path(artifacts).chmod(0o700)
+    env = {"MLFLOW_AUTH_CONFIG_PATH": str(ini), "MLFLOW_AUTH_ADMIN_PASSWORD": token_path.read_text().strip(),
+           "MLFLOW_FLASK_SERVER_SECRET_KEY": secrets.token_hex(16), "MLFLOW_SERVER_ENABLE_JOB_EXECUTION": "false"}
+    argv = ["mlflow", "server", "--app-name", "basic-auth", "--host", host, "--port", str(port),
+            "--backend-store-uri", store, "--artifacts-destination", artifacts, "--serve-artifacts", "--workers", "1"]
+    return argv, env
+
+
+def start_mlflow(st: dict) -> None:
+    """The cluster's MLflow server on the head (`mlflow_server_argv`): the clone's cluster store by default."""
     store = os.environ.get("EMBED_CLUSTER_STORE", f"sqlite:///{ROOT / 'mlflow-cluster.db'}")
     artifacts = os.environ.get("EMBED_CLUSTER_ARTIFACTS", str(ROOT / "mlartifacts-cluster"))
-    if store.startswith("sqlite:///") and not os.path.exists(store[len("sqlite:///"):]):
-        # created here, before the server's workers start (concurrent creation corrupts a sqlite store)
-        sh(str(VENV / "bin" / "python"), "-c", "import sys; from mlflow.store.tracking.sqlalchemy_store import "
-           "SqlAlchemyStore; SqlAlchemyStore(sys.argv[1], 'mlflow-artifacts:/')", store)
-        os.chmod(store[len("sqlite:///"):], 0o600)
-    Path(artifacts).mkdir(parents=True, exist_ok=True)
-    Path(artifacts).chmod(0o700)  # the head's disk: only the server (this user) reads it
-    pid = spawn(st["nodes"]["head"]["ns"], [
-        "mlflow", "server", "--app-name", "basic-auth", "--host", HEAD_IP, "--port", str(MLFLOW_PORT),
-        "--backend-store-uri", store, "--artifacts-destination", artifacts, "--serve-artifacts",
-        "--workers", "1"], env, STATE / "mlflow.log")
+    argv, env = mlflow_server_argv(HEAD_IP, MLFLOW_PORT, store, artifacts, STATE, STATE / "auth_token")
+    pid = spawn(st["nodes"]["head"]["ns"], argv, {**node_env(Path.home(), STATE, STATE / "auth_token"), **env},
+                STATE / "mlflow.log")
     st["mlflow"] = {"sid": pid, "url": mlflow_env()["MLFLOW_TRACKING_URI"], "store": store, "artifacts": artifacts}
 
 
-def start_worker(st: dict, cpus: float, gpus: float, node_type: str | None = None) -> str:
-    """One more worker node, as the worker user in a namespace of its own; returns its name (w1, w2, ...)."""
+def cmd_mlflow_server(args) -> None:
+    """The cluster's MLflow server on a `ray up` head (cluster/aws.yaml, gcp.yaml): runs in the foreground."""
+    token_path = Path(os.path.expanduser(os.environ.get("RAY_AUTH_TOKEN_PATH", "~/.ray/auth_token")))
+    argv, env = mlflow_server_argv(args.host, args.port, args.store, args.artifacts, Path(args.state), token_path)
+    os.execvpe(argv[0], argv, {**os.environ, **env})
+
+
+def start_worker(st: dict, cpus: float, gpus: float, node_type: str | None = None, node_id: str | None = None,
+                 resources: dict | None = None) -> str:
+    """One more worker node, as the worker user in a namespace of its own; returns its name (w1, w2, ...).
+    node_id: the Ray node id it must take (the autoscaler's provider names its nodes so)."""
     user = worker_user()
     index = st.get("next_worker", 1)
     st["next_worker"] = index + 1
@@ -203,12 +265,14 @@ def start_worker(st: dict, cpus: float, gpus: float, node_type: str | None = Non
     add_namespace(ns, ip, index)
     node_type = node_type or ("gpu_worker" if gpus else "cpu_worker")
     env = {**node_env(temp / "home", temp, token_path), **mlflow_env(), "EMBED_CACHE_DIR": str(temp / "home" / "cache")}
+    if node_id:
+        env.update(RAY_OVERRIDE_NODE_ID_FOR_TESTING=node_id, RAY_CLOUD_INSTANCE_ID=node_id, RAY_NODE_TYPE_NAME=node_type)
     pid = spawn(ns, ["ray", "start", "--block", f"--address={HEAD_IP}:{GCS_PORT}", f"--node-ip-address={ip}",
                      f"--num-cpus={cpus:g}", f"--num-gpus={gpus:g}", f"--temp-dir={temp / 'ray'}",
-                     f"--resources={json.dumps({node_type: 1})}", "--disable-usage-stats"],
+                     f"--resources={json.dumps({node_type: 1, **(resources or {})})}", "--disable-usage-stats"],
                 env, STATE / f"{name}.log", user=user)
     st["nodes"][name] = {"ns": ns, "ip": ip, "sid": pid, "kind": node_type, "user": user.pw_name, "cpus": cpus,
-                         "gpus": gpus, "temp": str(temp)}
+                         "gpus": gpus, "temp": str(temp), "started": time.time(), "node_id": node_id}
     return name
 
 
@@ -278,7 +342,8 @@ def isolation(st: dict) -> dict:
         return {"enforced": False, "why": "no worker node"}
     node, attempts = st["nodes"][name], {}
     user = pwd.getpwnam(node["user"])
-    for path in [*PRIVATE, STATE / "auth_token"]:
+    store = [Path(st["mlflow"][k].replace("sqlite:///", "")) for k in ("store", "artifacts") if k in st.get("mlflow", {})]
+    for path in dict.fromkeys([*PRIVATE, *store, STATE / "auth_token"]):
         if not path.exists():
             continue
         probe = ("import sys\ntry:\n    open(sys.argv[1], 'rb').read(1) if __import__('os').path.isfile(sys.argv[1]) "
@@ -354,7 +419,11 @@ def cmd_start(args) -> None:
     grant_interpreter(st, worker_user())
     save(st)
     setup_bridge()
-    start_head(st)
+    sh("ip", "netns", "attach", f"emb{TAG}-host", str(os.getpid()))  # the host's namespace, named: the provider
+    # in the head's namespace makes nodes from there                                     (where the bridge is)
+    autoscale = str(Path(args.autoscale).resolve()) if args.autoscale else None
+    start_head(st, autoscale)
+    st["autoscale"] = autoscale
     save(st)
     start_mlflow(st)
     save(st)
@@ -362,7 +431,8 @@ def cmd_start(args) -> None:
         start_worker(st, args.cpus_per_worker, args.gpus_per_worker)
         save(st)
     wait_up(st)
-    print(f"Ray cluster up: head {HEAD_IP} + {args.workers} worker node(s) as {WORKER_USER!r}; "
+    scaling = f", autoscaling from {args.autoscale}" if autoscale else ""
+    print(f"Ray cluster up: head {HEAD_IP} + {args.workers} worker node(s) as {WORKER_USER!r}{scaling}; "
           f"dashboard/jobs {st['dashboard']}, MLflow {st['mlflow']['url']} (user embed, the cluster token)")
 
 
@@ -375,32 +445,51 @@ def cmd_stop(args) -> None:
     if "mlflow" in st:
         stop_session(st["mlflow"]["sid"])
     sh("ip", "link", "del", BRIDGE, check=False)
+    sh("ip", "netns", "del", f"emb{TAG}-host", check=False)  # the name only: the host's namespace stays
     unlock_private(st)
     (STATE / "cluster.json").unlink(missing_ok=True)
     print("cluster stopped" if st else "no cluster running")
 
 
 def cmd_kill_node(args) -> None:
-    st = state()
-    node = st["nodes"].get(args.name)
-    if node is None or args.name == "head":
-        raise SystemExit(f"no worker node {args.name!r}; nodes: {', '.join(st.get('nodes', {})) or 'none'}")
-    pids = session_pids(node["sid"])
-    for pid in pids:
-        os.kill(pid, signal.SIGKILL)
-    remove_namespace(node["ns"])
-    del st["nodes"][args.name]
-    st.setdefault("killed", []).append({"name": args.name, "at": time.time(), "processes": len(pids)})
-    save(st)
+    """A worker node lost: SIGKILL to its raylet and every process it started, its network gone."""
+    with locked():
+        st = state()
+        node = st["nodes"].pop(args.name, None)
+        if node is None or args.name == "head":
+            raise SystemExit(f"no worker node {args.name!r}; nodes: {', '.join(st.get('nodes', {})) or 'none'}")
+        pids = session_pids(node["sid"])
+        for pid in pids:
+            os.kill(pid, signal.SIGKILL)
+        remove_namespace(node["ns"])
+        st.setdefault("killed", []).append({"name": args.name, "at": time.time(), "processes": len(pids)})
+        save(st)
     print(json.dumps({"killed": args.name, "processes": len(pids)}))
 
 
 def cmd_add_worker(args) -> None:
-    st = state()
-    name = start_worker(st, args.cpus, args.gpus)
-    save(st)
-    wait_up(st)
+    with locked():
+        st = state()
+        name = start_worker(st, args.cpus, args.gpus, args.type, args.node_id, json.loads(args.resources))
+        save(st)
+    if not args.no_wait:
+        wait_up(st)
     print(name)
+
+
+def cmd_remove_node(args) -> None:
+    """A worker node stopped as a cloud provider would end it (TERM, then KILL), its namespace and temp dir gone."""
+    with locked():
+        st = state()
+        node = st["nodes"].pop(args.name, None)
+        if node is None or args.name == "head":
+            raise SystemExit(f"no worker node {args.name!r}")
+        st.setdefault("removed", []).append({"name": args.name, "at": time.time(), "kind": node["kind"]})
+        save(st)
+    stop_session(node["sid"])
+    remove_namespace(node["ns"])
+    shutil.rmtree(node["temp"], ignore_errors=True)
+    print(args.name)
 
 
 def cmd_exec(args) -> None:
@@ -418,6 +507,8 @@ def main() -> None:
     s.add_argument("--workers", type=int, default=2)
     s.add_argument("--cpus-per-worker", type=float, default=1)
     s.add_argument("--gpus-per-worker", type=float, default=0, help="logical GPUs (no CUDA: the work runs on CPU)")
+    s.add_argument("--autoscale", nargs="?", const=str(ROOT / "cluster" / "autoscale.yaml"), default=None,
+                   metavar="YAML", help="Ray's autoscaler adds and removes worker nodes (default cluster/autoscale.yaml)")
     sub.add_parser("stop")
     sub.add_parser("status")
     sub.add_parser("env")
@@ -428,6 +519,18 @@ def main() -> None:
     a = sub.add_parser("add-worker")
     a.add_argument("--cpus", type=float, default=1)
     a.add_argument("--gpus", type=float, default=0)
+    a.add_argument("--type", default=None, help="node type (default gpu_worker with GPUs, else cpu_worker)")
+    a.add_argument("--node-id", default=None, help="the Ray node id to take (the autoscaler's provider sets it)")
+    a.add_argument("--resources", default="{}", help="more custom resources, as JSON")
+    a.add_argument("--no-wait", action="store_true", help="return once started, not once joined")
+    r = sub.add_parser("remove-node")
+    r.add_argument("name")
+    m = sub.add_parser("mlflow-server", help="the cluster's MLflow server on a `ray up` head (foreground)")
+    m.add_argument("--host", required=True, help="the head's private address (never a public one)")
+    m.add_argument("--port", type=int, default=MLFLOW_PORT)
+    m.add_argument("--store", default=f"sqlite:///{Path.home() / 'mlflow.db'}")
+    m.add_argument("--artifacts", default=str(Path.home() / "mlartifacts"), help="a folder, or s3:// / gs:// URI")
+    m.add_argument("--state", default=str(Path.home() / ".embed-mlflow"))
     e = sub.add_parser("exec")
     e.add_argument("command", nargs=argparse.REMAINDER)
     args = p.parse_args()
@@ -439,12 +542,17 @@ def main() -> None:
         cmd_kill_node(args)
     elif args.cmd == "add-worker":
         cmd_add_worker(args)
+    elif args.cmd == "remove-node":
+        cmd_remove_node(args)
     elif args.cmd == "exec":
         cmd_exec(args)
+    elif args.cmd == "mlflow-server":
+        cmd_mlflow_server(args)
     elif args.cmd == "status":
         st = state()
         print(json.dumps({"nodes": st.get("nodes", {}), "alive": alive_nodes() if st else 0,
-                          "mlflow": st.get("mlflow")}, indent=2))
+                          "mlflow": st.get("mlflow"), "firewall": st.get("firewall"), "autoscale": st.get("autoscale"),
+                          "killed": st.get("killed", []), "removed": st.get("removed", [])}, indent=2))
     elif args.cmd == "env":
         st = state()
         for k, v in {"RAY_DASHBOARD": st["dashboard"], **mlflow_env()}.items():

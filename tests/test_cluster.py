@@ -36,8 +36,14 @@ def test_ray_up_configs(name):
     assert gpu["min_workers"] == 0 and gpu["max_workers"] >= 1  # autoscaling from zero
     node = json.dumps(gpu["node_config"])
     assert "g5." in node or "guestAccelerators" in node
-    assert all("RAY_AUTH_MODE=token" in c for c in cfg["head_start_ray_commands"] if c.strip() != "ray stop")
+    starts = [c for c in cfg["head_start_ray_commands"] + cfg["worker_start_ray_commands"] if "ray start" in c]
+    assert len(starts) == 2 and all("RAY_AUTH_MODE=token" in c for c in starts)
     assert "--dashboard-host=127.0.0.1" in " ".join(cfg["head_start_ray_commands"])
+    # no shared disk: the head runs the cluster's MLflow server (token, proxied artifacts) and every node names it
+    (server,) = [c for c in cfg["head_start_ray_commands"] if "mlflow-server" in c]
+    assert "cluster/nodes.py mlflow-server --host $(hostname -I" in server
+    assert all("MLFLOW_TRACKING_URI=http://" in c and "MLFLOW_TRACKING_PASSWORD=$(cat ~/.ray/auth_token)" in c
+               for c in starts)
 
 
 def test_kuberay_manifests_have_required_fields():

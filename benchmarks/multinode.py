@@ -1,0 +1,342 @@
+"""A sweep and a service across several Ray nodes that share no disk, each losing a worker node mid-way
+-> results/benchmarks/multinode.json (needs root: cluster/nodes.py makes network namespaces and a second user).
+
+    sudo .venv/bin/python benchmarks/multinode.py [--samples 8] [--seeds 5] [--load-s 100] [--kill-at-s 30]
+
+1. A cluster of its own (cluster/nodes.py: own bridge EMBED_NET=10.213.9, own state, own MLflow store): a CPU head
+   that runs no trials and two `gpu_worker` nodes (1 CPU, 1 logical GPU each) as the worker user. What a worker's
+   user gets when it opens the head's files is recorded (`worker_isolation`).
+2. The sweep (`cluster/local.sh submit -- python sweeps/pair_residual.py --task stsb --gpus-per-trial 0.25 ...`);
+   once a trial runs on worker w1 (its MLflow run tagged with w1's address), w1 is killed (SIGKILL, its raylet and
+   every worker process) and a replacement node is started, as the autoscaler would. Tune's FailureConfig retries
+   the trials w1 held. From the MLflow server: trials by node, completed, retried, left RUNNING, duplicated.
+3. Serving: serving/config_multinode.yaml with the champion the sweep registered (one ingress and one encoder
+   replica per worker); a warm closed loop (c=8 x 32 pairs) from the head for `--load-s` seconds; the first worker
+   is killed at `--kill-at-s` and a replacement started. Failed requests in the 60 s around the kill; recovery =
+   kill to the first 5 s window back at >= 90% of the throughput before it.
+4. Every listening socket of every node, and what it answers without the token.
+
+Not measured here (recorded as null with the reason): scale-up and scale-down by Ray's autoscaler (the replacement
+nodes are started by this script), Serve autoscaling onto a new node.
+"""
+from __future__ import annotations
+
+import argparse
+import asyncio
+import json
+import os
+import statistics
+import subprocess
+import sys
+import tempfile
+import time
+from pathlib import Path
+
+REPO = Path(__file__).resolve().parents[1]
+sys.path.insert(0, str(REPO))
+
+from benchmarks._common import write_results  # noqa: E402  (the repo on the path first)
+
+#: the environment that names one cluster of cluster/nodes.py (its bridge, state and MLflow store)
+CLUSTER_ENV = ("EMBED_NET", "EMBED_MULTI_DIR", "EMBED_RAY_DIR", "EMBED_CLUSTER_STORE", "EMBED_CLUSTER_ARTIFACTS")
+
+
+def net() -> str:
+    return os.environ.get("EMBED_NET", "10.213.9")
+
+
+def start_cluster(state: Path, net_prefix: str = "10.213.9", workers: int = 2) -> dict[str, str]:
+    """A cluster of its own (bridge `net_prefix`, state and MLflow store under `state`): {node name: address}."""
+    os.environ.update(EMBED_NET=net_prefix, EMBED_MULTI_DIR=str(state), EMBED_RAY_DIR=str(state),
+                      EMBED_CLUSTER_STORE=f"sqlite:///{state}/mlflow.db", EMBED_CLUSTER_ARTIFACTS=f"{state}/art")
+    os.chmod(state, 0o700)
+    subprocess.run([sys.executable, str(REPO / "cluster" / "nodes.py"), "start", "--workers", str(workers),
+                    "--cpus-per-worker", "1", "--gpus-per-worker", "1"], check=True)
+    return {n: v["ip"] for n, v in json.loads(nodes("status"))["nodes"].items()}
+
+
+def stop_cluster() -> None:
+    subprocess.run([sys.executable, str(REPO / "cluster" / "nodes.py"), "stop"], check=False)
+
+
+def nodes(*args: str, check: bool = True) -> str:
+    return subprocess.run([sys.executable, str(REPO / "cluster" / "nodes.py"), *args], check=check, text=True,
+                          capture_output=True).stdout
+
+
+def client_env() -> dict[str, str]:
+    return dict(line[len("export "):].split("=", 1) for line in nodes("env").splitlines() if line.startswith("export "))
+
+
+def mlflow_client():
+    import mlflow  # lazy: the load mode (run in the head's namespace) needs no MLflow
+
+    os.environ.update({k: v for k, v in client_env().items() if k.startswith("MLFLOW_")})
+    return mlflow.MlflowClient(os.environ["MLFLOW_TRACKING_URI"])
+
+
+def trial_runs(client, parent_id: str) -> list:
+    """The sweep's trial runs (its other child, the winner's retraining, has no trial_id)."""
+    exp = client.get_run(parent_id).info.experiment_id
+    runs = client.search_runs([exp], f"tags.`mlflow.parentRunId` = '{parent_id}'", max_results=1000)
+    return [r for r in runs if r.data.tags.get("trial_id")]
+
+
+def sweep_with_node_loss(state: Path, sweep_args: list[str], expected: int, kill: str | None = "w1") -> dict:
+    """The STS-B sweep submitted to the cluster; once a trial runs on node `kill`, that node is killed and a
+    replacement started. Figures from the MLflow server's trial runs and the job's outcome."""
+    name = f"multinode-{time.strftime('%H%M%S')}"
+    cmd = [str(REPO / "cluster" / "local.sh"), "submit", "--", "python", "sweeps/pair_residual.py", "--task", "stsb",
+           "--gpus-per-trial", "0.25", "--max-concurrent", "2", "--name", name, "--experiment", "multinode", *sweep_args]
+    ips = {n: v["ip"] for n, v in json.loads(nodes("status"))["nodes"].items()}
+    log = open(state / "sweep.log", "w")
+    t0 = time.time()
+    # the job's store is the cluster's MLflow server (local.sh submit names it): never a store of this process's
+    env = {k: v for k, v in os.environ.items() if not k.startswith("MLFLOW_")}
+    job = subprocess.Popen(cmd, stdout=log, stderr=subprocess.STDOUT, text=True, env=env)
+    client, parent, killed_at, replaced = mlflow_client(), None, None, None
+    while job.poll() is None:
+        time.sleep(0.3)
+        if parent is None:
+            runs = client.search_runs([e.experiment_id for e in client.search_experiments()],
+                                      f"attributes.run_name = '{name}'")
+            parent = runs[0].info.run_id if runs else None
+            continue
+        if killed_at is None and kill:
+            running = [r for r in trial_runs(client, parent) if r.info.status == "RUNNING"
+                       and r.data.tags.get("node_ip") == ips[kill] and r.data.metrics]
+            if running:
+                nodes("kill-node", kill)
+                killed_at = time.time() - t0
+                print(f"killed {kill} at {killed_at:.0f} s (trial {running[0].data.tags['trial_id']} ran there)", flush=True)
+                replaced = nodes("add-worker", "--cpus", "1", "--gpus", "1").strip()
+    log.close()
+    text = (state / "sweep.log").read_text()
+    outcome = next((json.loads(line) for line in reversed(text.splitlines()) if line.startswith('{"complete"')), {})
+    runs = trial_runs(client, parent) if parent else []
+    ip_name = {f"{net()}.{10 + i}": f"w{i}" for i in range(1, 50)}  # cluster/nodes.py's addresses, replacements too
+    by_node: dict[str, int] = {}
+    for r in runs:  # the node each trial finished on (a retried trial: the node of its last attempt)
+        label = ip_name.get(r.data.tags.get("node_ip"), r.data.tags.get("node_ip") or "never placed")
+        by_node[label] = by_node.get(label, 0) + 1
+    history = {r.data.tags.get("trial_id"): r.data.tags.get("node_history", "").split(",") for r in runs}
+    trial_ids = [r.data.tags.get("trial_id") for r in runs]
+    return {"sweep": {"command": " ".join(cmd[2:]), "job_succeeded": job.returncode == 0, "seconds": round(time.time() - t0, 1),
+                      "outcome": {k: outcome.get(k) for k in ("complete", "stopped_early", "winner", "version", "alias",
+                                                              "registered_name", "orphans_closed", "stages")}},
+            "trials_expected": expected,
+            "trials_completed": sum(r.info.status == "FINISHED" for r in runs),
+            "trials_stopped_by_asha": sum(r.data.tags.get("stopped_early") == "true" for r in runs),
+            "trials_by_node": by_node,
+            "trials_by_node_id": {tid: h for tid, h in history.items()},
+            "trials_retried": sum(len(h) > 1 for h in history.values()),
+            "mlflow_running_after": sum(r.info.status == "RUNNING" for r in runs),
+            "mlflow_duplicate_runs": len(trial_ids) - len(set(trial_ids)),
+            "node_killed_at_s": None if killed_at is None else round(killed_at, 1),
+            "replacement_node": replaced, "registered_name": outcome.get("registered_name")}
+
+
+# ------------------------------------------------------------------------------------------ the load (head's namespace)
+async def _timed_loop(url: str, bodies, concurrency: int, seconds: float) -> list[tuple[float, int, int]]:
+    import aiohttp
+
+    events: list[tuple[float, int, int]] = []  # (seconds since start, ok, pairs)
+    t0 = time.time()
+
+    async def worker(session, k: int) -> None:
+        i = 0
+        while time.time() - t0 < seconds:
+            body, n = bodies(k, i)
+            try:
+                async with session.post(url, json=body) as r:
+                    await r.read()
+                    ok = r.status == 200
+            except (aiohttp.ClientError, asyncio.TimeoutError):
+                ok = False
+            events.append((time.time() - t0, int(ok), n))
+            i += 1
+
+    async with aiohttp.ClientSession(timeout=aiohttp.ClientTimeout(total=60)) as session:
+        await asyncio.gather(*[worker(session, k) for k in range(concurrency)])
+    return events
+
+
+def load_main(seconds: float, out: str) -> None:
+    """The closed loop, run in the head's namespace (the proxy listens on its loopback): events to `out`."""
+    from benchmarks.load import Bodies
+    from embed_lib.data.tasks import load_task
+
+    import requests
+
+    sentences = load_task("stsb", "validation").texts()[:2000]
+    for _ in range(3):  # every replica's cache warm (each call lands on one replica), then 20 s of the loop unrecorded
+        for i in range(0, len(sentences), 1000):
+            requests.post("http://127.0.0.1:8000/v1/warm", json={"texts": sentences[i: i + 1000]}, timeout=600)
+    asyncio.run(_timed_loop("http://127.0.0.1:8000/v1/score", Bodies("warm", sentences, 32), 8, 20))
+    t0 = time.time()
+    (Path(out).parent / "load_started").write_text(str(t0))
+    events = asyncio.run(_timed_loop("http://127.0.0.1:8000/v1/score", Bodies("warm", sentences, 32), 8, seconds))
+    Path(out).write_text(json.dumps({"t0": t0, "events": events}))
+
+
+def replicas_by_node() -> dict[str, list[str]]:
+    """{node name: the Serve deployments with a live replica there} (asked from the head)."""
+    code = ("import json, ray; from ray.util.state import list_actors; ray.init(log_to_driver=False); "
+            "print(json.dumps([[a.class_name, a.node_id] for a in list_actors(filters=[('state', '=', 'ALIVE')]) "
+            "if a.class_name.startswith('ServeReplica')]))")
+    out = subprocess.run([sys.executable, str(REPO / "cluster" / "nodes.py"), "exec", "--", sys.executable, "-c", code],
+                         capture_output=True, text=True, check=True).stdout.strip().splitlines()[-1]
+    ids = {n["node_id"]: n["name"] for n in node_ids()}
+    found: dict[str, list[str]] = {}
+    for cls, node_id in json.loads(out):
+        found.setdefault(ids.get(node_id, node_id[:8]), []).append(cls.rsplit(":", 1)[-1])
+    return found
+
+
+def register_any(name: str = "pair-residual-stsb-limited") -> str:
+    """A small adapter (200 STS-B pairs a split, 2 seeds, 2 epochs) registered as `name`'s champion through the
+    cluster's MLflow server, from this process (for a sweep that found no winner); returns `name`."""
+    import mlflow
+
+    from embed_lib.config import AdapterConfig
+    from embed_lib.pipeline.prepare import load_study
+    from embed_lib.tracking.registry import evidence_of, log_adapter_model, promote
+    from embed_lib.tracking.runs import set_experiment
+    from embed_lib.training.seed_group import train_seed_group
+
+    mlflow_client()  # the server's URL and credentials into this process's environment
+    data, _ = load_study("stsb", limit=200)
+    set_experiment("multinode-register", os.environ["MLFLOW_TRACKING_URI"])
+    result = train_seed_group(AdapterConfig(adapter="pair_gated", target="lexical", n_seeds=2, epochs=2, width=32,
+                                            hidden=32), data)
+    with mlflow.start_run():
+        info = log_adapter_model(result, data, registered_name=name)
+    promote(name, info.registered_model_version, evidence_of(result, data))
+    return name
+
+
+def node_ids() -> list[dict]:
+    """[{name, node_id}] of the live nodes."""
+    code = "import json, ray; ray.init(log_to_driver=False); print(json.dumps([[n['NodeID'], n['NodeManagerAddress']] for n in ray.nodes() if n['Alive']]))"
+    out = subprocess.run([sys.executable, str(REPO / "cluster" / "nodes.py"), "exec", "--", sys.executable, "-c", code],
+                         capture_output=True, text=True, check=True).stdout.strip().splitlines()[-1]
+    names = {v["ip"]: n for n, v in json.loads(nodes("status"))["nodes"].items()}
+    return [{"node_id": i, "name": names.get(ip, ip)} for i, ip in json.loads(out)]
+
+
+def serve_with_node_loss(state: Path, model: str, load_s: float, kill_at_s: float, kill: str) -> dict:
+    """serving/config_multinode.yaml with `model`@champion; a warm closed loop from the head for `load_s` seconds;
+    node `kill` killed at `kill_at_s` and a replacement started."""
+    config = state / "serve.yaml"
+    config.write_text((REPO / "serving" / "config_multinode.yaml").read_text().replace(
+        "models:/pair-residual-stsb@champion", f"models:/{model}@champion"))
+    deploy = subprocess.run([str(REPO / "cluster" / "local.sh"), "serve", str(config)], text=True, capture_output=True)
+    if deploy.returncode != 0:
+        return {"serving": {"deployed": False, "error": (deploy.stdout + deploy.stderr)[-800:]}}
+    before_kill = replicas_by_node()
+    events_file = state / "events.json"
+    load = subprocess.Popen([sys.executable, str(REPO / "cluster" / "nodes.py"), "exec", "--", sys.executable,
+                             str(Path(__file__).resolve()), "_load", str(load_s), str(events_file)])
+    while not (state / "load_started").exists() and load.poll() is None:
+        time.sleep(0.2)
+    time.sleep(kill_at_s)
+    t_kill = time.time()
+    nodes("kill-node", kill)
+    replaced = nodes("add-worker", "--cpus", "1", "--gpus", "1").strip()
+    load.wait()
+    record = json.loads(events_file.read_text())
+    events, kill_s = record["events"], t_kill - record["t0"]
+    window = [e for e in events if kill_s - 30 <= e[0] < kill_s + 30]
+    per_s = {}
+    for t, ok, n in events:
+        per_s[int(t)] = per_s.get(int(t), 0) + (n if ok else 0)
+    before = statistics.median([per_s.get(s, 0) for s in range(5, int(kill_s) - 1)] or [0])
+    recovery = next((s - kill_s for s in range(int(kill_s) + 1, int(load_s) - 4)
+                     if sum(per_s.get(s + j, 0) for j in range(5)) / 5 >= 0.9 * before), None)
+    return {"serving": {"deployed": True, "config": "serving/config_multinode.yaml", "model": f"{model}@champion",
+                        "load": "warm, c=8 x 32 pairs, closed loop from the head", "killed_node": kill,
+                        "killed_at_s": round(kill_s, 1), "replacement_node": replaced,
+                        "replicas_by_node_before": before_kill, "replicas_by_node_after": replicas_by_node(),
+                        "pairs_per_s_before": before},
+            "requests": len(events), "requests_in_kill_window": len(window),
+            "failed_requests": sum(1 - e[1] for e in window),
+            "failed_requests_total": sum(1 - e[1] for e in events),
+            "failed_fraction": round(sum(1 - e[1] for e in window) / max(1, len(window)), 4),
+            "recovery_s": None if recovery is None else round(recovery, 1),
+            "pairs_per_s_by_second": [per_s.get(s, 0) for s in range(int(load_s))]}
+
+
+def socket_check(head: str) -> dict:
+    """Every listening socket of every node; a non-loopback one is asked for / over HTTP without a token."""
+    import urllib.error
+    import urllib.request
+
+    out = []
+    for s in json.loads(nodes("sockets")):
+        if not s["loopback"]:
+            host = s["address"].strip("[]").replace("::ffff:", "")
+            host = {"*": None, "0.0.0.0": None}.get(host, host)
+            ip = host or json.loads(nodes("status"))["nodes"][s["node"]]["ip"]
+            # the dashboard serves its static page to anyone (the browser then asks for the token): ask its API
+            path = "/api/jobs/" if s["port"] == 8265 else "/"
+            try:
+                with urllib.request.urlopen(f"http://{ip}:{s['port']}{path}", timeout=3) as r:
+                    s["without_token"] = f"HTTP {r.status} on {path}"
+            except urllib.error.HTTPError as exc:
+                s["without_token"] = f"HTTP {exc.code} on {path}"
+            except Exception as exc:  # not HTTP: Ray's gRPC (token auth mode) resets or speaks HTTP/2
+                s["without_token"] = f"no HTTP answer ({type(exc).__name__})"
+        out.append(s)
+    answering = [s for s in out if not s["loopback"] and s["without_token"].startswith("HTTP 2")]
+    # Ray's gRPC servers (GCS, raylets, workers) check the token in token mode: a client without it, from the host
+    env = {k: v for k, v in os.environ.items() if not k.startswith("RAY_")}
+    probe = subprocess.run([sys.executable, "-c", f"import ray; ray.init(address='{head}:6379'); print('CONNECTED')"],
+                           env={**env, "RAY_ENABLE_WINDOWS_OR_OSX_CLUSTER": "1"}, capture_output=True, text=True,
+                           timeout=120, check=False)
+    tail = [line for line in (probe.stdout + probe.stderr).splitlines() if line.strip()][-1:]
+    return {"sockets": out, "sockets_answering_without_token": answering, "firewall": json.loads(nodes("status"))["firewall"],
+            "gcs_without_token": {"connected": "CONNECTED" in probe.stdout, "answer": tail[0][:300] if tail else ""}}
+
+
+def main() -> None:
+    p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    p.add_argument("--samples", type=int, default=8)
+    p.add_argument("--seeds", type=int, default=5)
+    p.add_argument("--load-s", type=float, default=100)
+    p.add_argument("--kill-at-s", type=float, default=30)
+    p.add_argument("--serve-kill", default="w2", help="the worker node killed under load (w1 is gone by then)")
+    p.add_argument("--keep", action="store_true", help="leave the cluster running")
+    p.add_argument("--teacher", action="store_true", help="the sweep with its teacher (its first training: ~30 min on a "
+                   "worker node; without it the sweep has no ce_margin target)")
+    args = p.parse_args()
+    if os.geteuid() != 0:
+        raise SystemExit("benchmarks/multinode.py needs root (cluster/nodes.py: network namespaces, a second user)")
+    state = Path(tempfile.mkdtemp(prefix="embed-multinode-"))
+    ips = start_cluster(state)
+    try:
+        status = json.loads(nodes("status"))
+        figures = {"nodes": {"count": len(ips), "types": {n: v["kind"] for n, v in status["nodes"].items()},
+                             "how": "cluster/nodes.py: a network namespace per node on a host-only bridge"},
+                   "worker_isolation": json.loads(nodes("isolation"))}
+        sweep_args = ["--num-samples", str(args.samples), "--seeds", str(args.seeds)]
+        figures.update(sweep_with_node_loss(state, sweep_args + ([] if args.teacher else ["--no-teacher"]),
+                                            expected=args.samples, kill="w1"))
+        figures["nodes"]["after_sweep"] = {n: v["kind"] for n, v in json.loads(nodes("status"))["nodes"].items()}
+        if figures.get("registered_name"):
+            figures.update(serve_with_node_loss(state, figures["registered_name"], args.load_s, args.kill_at_s,
+                                                args.serve_kill))
+        figures.update(socket_check(ips["head"]))
+        figures.update(scale_up_s=None, scale_down_s=None, not_measured=(
+            "scale_up_s / scale_down_s: Ray's autoscaler does not run here (the fake_multinode variant is not built); "
+            "the replacement nodes were started by this script. Serve autoscaling onto a new node: not measured."))
+        write_results("multinode", figures)
+    finally:
+        if not args.keep:
+            stop_cluster()
+
+
+if __name__ == "__main__":
+    if sys.argv[1:2] == ["_load"]:
+        load_main(float(sys.argv[2]), sys.argv[3])
+    else:
+        main()
