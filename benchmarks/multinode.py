@@ -16,8 +16,11 @@
    kill to the first 5 s window back at >= 90% of the throughput before it.
 4. Every listening socket of every node, and what it answers without the token.
 
-Not measured here (recorded as null with the reason): scale-up and scale-down by Ray's autoscaler (the replacement
-nodes are started by this script), Serve autoscaling onto a new node.
+5. Autoscaling: a head alone with Ray's autoscaler (cluster/autoscale.yaml); a smaller sweep's GPU trials make it
+   add gpu_worker nodes from zero (`scale_up_s`), which it removes once idle (`scale_down_s`).
+
+The replacement nodes of 2 and 3 are started by this script (the static cluster has no autoscaler). Not measured:
+Serve autoscaling onto a new node under load.
 """
 from __future__ import annotations
 
@@ -32,10 +35,7 @@ import tempfile
 import time
 from pathlib import Path
 
-REPO = Path(__file__).resolve().parents[1]
-sys.path.insert(0, str(REPO))
-
-from benchmarks._common import write_results  # noqa: E402  (the repo on the path first)
+from benchmarks._common import REPO, write_results
 
 #: the environment that names one cluster of cluster/nodes.py (its bridge, state and MLflow store)
 CLUSTER_ENV = ("EMBED_NET", "EMBED_MULTI_DIR", "EMBED_RAY_DIR", "EMBED_CLUSTER_STORE", "EMBED_CLUSTER_ARTIFACTS")
@@ -45,13 +45,16 @@ def net() -> str:
     return os.environ.get("EMBED_NET", "10.213.9")
 
 
-def start_cluster(state: Path, net_prefix: str = "10.213.9", workers: int = 2) -> dict[str, str]:
-    """A cluster of its own (bridge `net_prefix`, state and MLflow store under `state`): {node name: address}."""
+def start_cluster(state: Path, net_prefix: str = "10.213.9", workers: int = 2, autoscale: bool = False
+                  ) -> dict[str, str]:
+    """A cluster of its own (bridge `net_prefix`, state and MLflow store under `state`): {node name: address}.
+    autoscale: Ray's autoscaler adds and removes the worker nodes (cluster/autoscale.yaml)."""
     os.environ.update(EMBED_NET=net_prefix, EMBED_MULTI_DIR=str(state), EMBED_RAY_DIR=str(state),
                       EMBED_CLUSTER_STORE=f"sqlite:///{state}/mlflow.db", EMBED_CLUSTER_ARTIFACTS=f"{state}/art")
     os.chmod(state, 0o700)
     subprocess.run([sys.executable, str(REPO / "cluster" / "nodes.py"), "start", "--workers", str(workers),
-                    "--cpus-per-worker", "1", "--gpus-per-worker", "1"], check=True)
+                    "--cpus-per-worker", "1", "--gpus-per-worker", "1", *(["--autoscale"] if autoscale else [])],
+                   check=True)
     return {n: v["ip"] for n, v in json.loads(nodes("status"))["nodes"].items()}
 
 
@@ -73,6 +76,38 @@ def mlflow_client():
 
     os.environ.update({k: v for k, v in client_env().items() if k.startswith("MLFLOW_")})
     return mlflow.MlflowClient(os.environ["MLFLOW_TRACKING_URI"])
+
+
+def autoscale_phase(state: Path, sweep_args: list[str]) -> dict:
+    """A cluster of the head alone with Ray's autoscaler (cluster/autoscale.yaml, node types min 0): the sweep's
+    GPU trials make it add gpu_worker nodes; they are removed once idle. scale_up_s: from the autoscaler queueing the
+    first node (its monitor log; it looks every second, so the demand is at most ~1 s older) to the first trial
+    result from a new node (MLflow). scale_down_s: from the last trial's end to the last node's removal."""
+    ips = start_cluster(state, net(), workers=0, autoscale=True)
+    out = sweep_with_node_loss(state, sweep_args, expected=int(sweep_args[sweep_args.index("--num-samples") + 1]),
+                               kill=None)
+    client = mlflow_client()
+    runs = trial_runs(client, out.pop("parent_run_id"))
+    monitor = Path(f"/tmp/emb{net().split('.')[-1]}-head/ray/session_latest/logs/monitor.log").read_text()
+    queued = next((line[:23] for line in monitor.splitlines() if "new nodes for launch" in line), None)
+    t_queue = time.mktime(time.strptime(queued[:19], "%Y-%m-%d %H:%M:%S")) + int(queued[20:23]) / 1000 if queued else None
+    first = {}
+    for r in runs:
+        hist = client.get_metric_history(r.info.run_id, "objective")
+        if hist and r.data.tags.get("node_ip"):
+            first[r.data.tags["node_ip"]] = min(first.get(r.data.tags["node_ip"], 1e18), min(m.timestamp for m in hist))
+    last_end = max((r.info.end_time or 0) for r in runs) / 1000 if runs else None
+    deadline = time.time() + 180
+    while time.time() < deadline and len(json.loads(nodes("status"))["nodes"]) > 1:
+        time.sleep(2)
+    status = json.loads(nodes("status"))
+    removed = [r["at"] for r in status["removed"]]
+    return {"autoscale": {"config": "cluster/autoscale.yaml", "started_with": list(ips),
+                          "nodes_added": len(removed) + len(status["nodes"]) - 1, "worker_nodes_used": len(first),
+                          "trials_completed": out["trials_completed"], "trials_expected": out["trials_expected"],
+                          "removed_after_idle": len(removed), "nodes_left": list(status["nodes"])},
+            "scale_up_s": round(min(first.values()) / 1000 - t_queue, 1) if first and t_queue else None,
+            "scale_down_s": round(max(removed) - last_end, 1) if removed and last_end else None}
 
 
 def trial_runs(client, parent_id: str) -> list:
@@ -133,7 +168,7 @@ def sweep_with_node_loss(state: Path, sweep_args: list[str], expected: int, kill
             "mlflow_running_after": sum(r.info.status == "RUNNING" for r in runs),
             "mlflow_duplicate_runs": len(trial_ids) - len(set(trial_ids)),
             "node_killed_at_s": None if killed_at is None else round(killed_at, 1),
-            "replacement_node": replaced, "registered_name": outcome.get("registered_name")}
+            "replacement_node": replaced, "registered_name": outcome.get("registered_name"), "parent_run_id": parent}
 
 
 # ------------------------------------------------------------------------------------------ the load (head's namespace)
@@ -217,7 +252,8 @@ def register_any(name: str = "pair-residual-stsb-limited") -> str:
 
 def node_ids() -> list[dict]:
     """[{name, node_id}] of the live nodes."""
-    code = "import json, ray; ray.init(log_to_driver=False); print(json.dumps([[n['NodeID'], n['NodeManagerAddress']] for n in ray.nodes() if n['Alive']]))"
+    code = ("import json, ray; ray.init(log_to_driver=False); "
+            "print(json.dumps([[n['NodeID'], n['NodeManagerAddress']] for n in ray.nodes() if n['Alive']]))")
     out = subprocess.run([sys.executable, str(REPO / "cluster" / "nodes.py"), "exec", "--", sys.executable, "-c", code],
                          capture_output=True, text=True, check=True).stdout.strip().splitlines()[-1]
     names = {v["ip"]: n for n, v in json.loads(nodes("status"))["nodes"].items()}
@@ -244,6 +280,8 @@ def serve_with_node_loss(state: Path, model: str, load_s: float, kill_at_s: floa
     nodes("kill-node", kill)
     replaced = nodes("add-worker", "--cpus", "1", "--gpus", "1").strip()
     load.wait()
+    subprocess.run([sys.executable, str(REPO / "cluster" / "nodes.py"), "exec", "--", "serve", "shutdown", "-y",
+                    "--address", f"http://{net()}.2:8265"], capture_output=True, check=False)  # the CPUs back
     record = json.loads(events_file.read_text())
     events, kill_s = record["events"], t_kill - record["t0"]
     window = [e for e in events if kill_s - 30 <= e[0] < kill_s + 30]
@@ -321,14 +359,17 @@ def main() -> None:
         sweep_args = ["--num-samples", str(args.samples), "--seeds", str(args.seeds)]
         figures.update(sweep_with_node_loss(state, sweep_args + ([] if args.teacher else ["--no-teacher"]),
                                             expected=args.samples, kill="w1"))
+        figures.pop("parent_run_id")
         figures["nodes"]["after_sweep"] = {n: v["kind"] for n, v in json.loads(nodes("status"))["nodes"].items()}
         if figures.get("registered_name"):
             figures.update(serve_with_node_loss(state, figures["registered_name"], args.load_s, args.kill_at_s,
                                                 args.serve_kill))
         figures.update(socket_check(ips["head"]))
-        figures.update(scale_up_s=None, scale_down_s=None, not_measured=(
-            "scale_up_s / scale_down_s: Ray's autoscaler does not run here (the fake_multinode variant is not built); "
-            "the replacement nodes were started by this script. Serve autoscaling onto a new node: not measured."))
+        figures["not_measured"] = "Serve autoscaling onto a new node under load"
+        stop_cluster()
+        scaled = Path(tempfile.mkdtemp(prefix="embed-autoscale-"))
+        figures.update(autoscale_phase(scaled, ["--limit", "300", "--num-samples", "4", "--seeds", "2", "--epochs", "6",
+                                                "--no-teacher"]))
         write_results("multinode", figures)
     finally:
         if not args.keep:

@@ -8,15 +8,19 @@ clone's caches, `mlflow.db`, `mlartifacts/` and `results/` are closed to other u
 `stop`). The Python environment (the venv, the editable install of the code) plays the part of a node image and stays
 readable, as does the data mirror, which plays the Hub's part. Needs root (network namespaces, another user).
 
-    python3 cluster/nodes.py start [--workers 2] [--cpus-per-worker 1] [--gpus-per-worker 0]
+    python3 cluster/nodes.py start [--workers 2] [--cpus-per-worker 1] [--gpus-per-worker 0] [--autoscale [YAML]]
     python3 cluster/nodes.py add-worker [--cpus 1] [--gpus 0]     # one more worker node (a replacement)
     python3 cluster/nodes.py kill-node w1                         # SIGKILL its raylet and every worker process
+    python3 cluster/nodes.py remove-node w1                       # stop it as a cloud would (TERM, then KILL)
+    python3 cluster/nodes.py mlflow-server --host IP              # the cluster's MLflow server on a `ray up` head
     python3 cluster/nodes.py exec -- CMD...                       # CMD on the head machine (a driver, curl)
     python3 cluster/nodes.py isolation | sockets | status | env | stop
 
-`cluster/local.sh start --nodes N` is `start --workers N-1`; `local.sh submit`, `serve` and `stop` use the state
-this script writes ($EMBED_MULTI_DIR/cluster.json). Environment: EMBED_NET (10.213.7: the /24 of the bridge; one per
-cluster on a machine), EMBED_WORKER_USER (embed-worker), VENV, EMBED_MULTI_DIR (<EMBED_RAY_DIR, else .cache/ray_local>/multi).
+--autoscale: Ray's autoscaler on the head adds and removes the worker nodes (cluster/autoscale.yaml, with the provider
+of cluster/netns_provider.py). `cluster/local.sh start --nodes N` is `start --workers N-1`; `local.sh submit`, `serve`
+and `stop` use the state this script writes ($EMBED_MULTI_DIR/cluster.json). Environment: EMBED_NET (10.213.7: the
+/24 of the bridge; one per cluster on a machine), EMBED_WORKER_USER (embed-worker), VENV, EMBED_MULTI_DIR
+(<EMBED_RAY_DIR, else .cache/ray_local>/multi).
 """
 from __future__ import annotations
 
@@ -442,6 +446,8 @@ def cmd_stop(args) -> None:
         stop_session(node["sid"])
         remove_namespace(node["ns"])
         shutil.rmtree(node["temp"], ignore_errors=True)
+    for gone in st.get("killed", []):
+        shutil.rmtree(gone.get("temp", ""), ignore_errors=True)
     if "mlflow" in st:
         stop_session(st["mlflow"]["sid"])
     sh("ip", "link", "del", BRIDGE, check=False)
@@ -462,7 +468,8 @@ def cmd_kill_node(args) -> None:
         for pid in pids:
             os.kill(pid, signal.SIGKILL)
         remove_namespace(node["ns"])
-        st.setdefault("killed", []).append({"name": args.name, "at": time.time(), "processes": len(pids)})
+        st.setdefault("killed", []).append({"name": args.name, "at": time.time(), "processes": len(pids),
+                                            "temp": node["temp"]})  # its files stay until stop, as a dead disk
         save(st)
     print(json.dumps({"killed": args.name, "processes": len(pids)}))
 
@@ -500,6 +507,19 @@ def cmd_exec(args) -> None:
     os.execvpe("ip", ["ip", "netns", "exec", st["nodes"]["head"]["ns"], *argv], env)
 
 
+def cmd_status(args) -> None:
+    st = state()
+    print(json.dumps({"nodes": st.get("nodes", {}), "alive": alive_nodes() if st else 0, "mlflow": st.get("mlflow"),
+                      "firewall": st.get("firewall"), "autoscale": st.get("autoscale"), "killed": st.get("killed", []),
+                      "removed": st.get("removed", [])}, indent=2))
+
+
+def cmd_env(args) -> None:
+    """What a client on this machine sets to reach the cluster's dashboard and MLflow server."""
+    for k, v in {"RAY_DASHBOARD": state()["dashboard"], **mlflow_env()}.items():
+        print(f"export {k}={v}")
+
+
 def main() -> None:
     p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     sub = p.add_subparsers(dest="cmd", required=True)
@@ -534,33 +554,12 @@ def main() -> None:
     e = sub.add_parser("exec")
     e.add_argument("command", nargs=argparse.REMAINDER)
     args = p.parse_args()
-    if args.cmd == "start":
-        cmd_start(args)
-    elif args.cmd == "stop":
-        cmd_stop(args)
-    elif args.cmd == "kill-node":
-        cmd_kill_node(args)
-    elif args.cmd == "add-worker":
-        cmd_add_worker(args)
-    elif args.cmd == "remove-node":
-        cmd_remove_node(args)
-    elif args.cmd == "exec":
-        cmd_exec(args)
-    elif args.cmd == "mlflow-server":
-        cmd_mlflow_server(args)
-    elif args.cmd == "status":
-        st = state()
-        print(json.dumps({"nodes": st.get("nodes", {}), "alive": alive_nodes() if st else 0,
-                          "mlflow": st.get("mlflow"), "firewall": st.get("firewall"), "autoscale": st.get("autoscale"),
-                          "killed": st.get("killed", []), "removed": st.get("removed", [])}, indent=2))
-    elif args.cmd == "env":
-        st = state()
-        for k, v in {"RAY_DASHBOARD": st["dashboard"], **mlflow_env()}.items():
-            print(f"export {k}={v}")
-    elif args.cmd == "isolation":
-        print(json.dumps(isolation(state()), indent=2))
-    elif args.cmd == "sockets":
-        print(json.dumps(sockets(state()), indent=2))
+    commands = {"start": cmd_start, "stop": cmd_stop, "kill-node": cmd_kill_node, "add-worker": cmd_add_worker,
+                "remove-node": cmd_remove_node, "exec": cmd_exec, "mlflow-server": cmd_mlflow_server,
+                "status": cmd_status, "env": cmd_env,
+                "isolation": lambda _: print(json.dumps(isolation(state()), indent=2)),
+                "sockets": lambda _: print(json.dumps(sockets(state()), indent=2))}
+    commands[args.cmd](args)
 
 
 if __name__ == "__main__":

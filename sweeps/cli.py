@@ -89,7 +89,8 @@ def _precompute_all(args, cache_dir: Path, limit: int | None, transfer: list[str
         for tau in [float(t) for t in args.tau_attn_values.split(",")]:
             studies[tau], record = precompute(args.task, encoder_config(args, tau_attn=tau), teacher,
                                               args.data_dir, str(cache_dir), limit, args.encode_workers,
-                                              transfer=transfer, progress=teacher_progress(args.task))
+                                              transfer=transfer, progress=teacher_progress(args.task),
+                                              use_gpu=True if args.gpus_per_trial > 0 else None)
     finally:
         torch.set_num_threads(threads)
     if record is not None:

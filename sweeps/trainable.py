@@ -60,14 +60,17 @@ def remote_teacher(splits, cfg):
 
 
 def precompute(task: str, encoder, teacher, data_dir, cache_dir, limit: int | None, workers: int = 1,
-               transfer=(), progress=None):
+               transfer=(), progress=None, use_gpu: bool | None = None):
     """(StudyData, teacher record), assembled once before any trial, on the driver: sentences missing from the cache
     (the task's and the transfer checks') are encoded by a pool of `workers` Ray actors; the held-out teacher is
     trained (or read from its cache) on the driver, where its progress reaches the job's output. On a cluster with
     GPUs the encoders take one GPU each and the teacher trains in a Ray task on a GPU. Vectors and scores come back
     through the object store into the driver's caches: no node reads another's disk, and trials get the study
-    through the object store too (`make_trainable`)."""
-    gpu = ray.cluster_resources().get("GPU", 0) >= 1
+    through the object store too (`make_trainable`).
+
+    use_gpu: None decides by the GPUs the cluster has now; the sweep passes True when its trials ask for GPUs, so that
+    an autoscaling cluster whose GPU nodes start at zero adds one for the encoders and the teacher too."""
+    gpu = use_gpu if use_gpu is not None else ray.cluster_resources().get("GPU", 0) >= 1
     pool = LazyPool(encoder, workers, use_gpu=gpu)
     try:
         return load_study(task, encoder, teacher, data_dir=data_dir, cache_dir=cache_dir, limit=limit,

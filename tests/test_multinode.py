@@ -67,6 +67,29 @@ def test_a_sweep_loses_a_worker_node_and_every_trial_completes_once(cluster):
     shared["model"] = out["registered_name"]
 
 
+def test_two_sweeps_submitted_together_both_finish_with_every_run_recorded(cluster):
+    import subprocess
+
+    multinode, state, ips, shared = cluster
+    env = {k: v for k, v in os.environ.items() if not k.startswith("MLFLOW_")}  # the cluster's server, as submit names it
+    jobs = {name: subprocess.Popen([str(multinode.REPO / "cluster" / "local.sh"), "submit", "--", "python",
+                                    "sweeps/pair_residual.py", "--task", "stsb", "--smoke-test", "--gpus-per-trial",
+                                    "0.25", "--name", name, "--experiment", "together"],
+                                   env=env, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
+            for name in ("together-a", "together-b")}
+    logs = {name: job.communicate(timeout=900)[0] for name, job in jobs.items()}
+    for name, job in jobs.items():
+        assert job.returncode == 0 and "SUCCEEDED" in logs[name].splitlines()[-1], logs[name][-2000:]
+    client = multinode.mlflow_client()
+    exp = client.get_experiment_by_name("together")
+    for name in jobs:
+        (parent,) = client.search_runs([exp.experiment_id], f"attributes.run_name = '{name}'")
+        assert parent.info.status == "FINISHED"
+        trials = multinode.trial_runs(client, parent.info.run_id)
+        assert len(trials) == 3 and all(r.info.status == "FINISHED" for r in trials)
+        assert len({r.data.tags["trial_id"] for r in trials}) == 3
+
+
 def test_a_service_on_worker_nodes_loses_one_under_load_and_keeps_answering(cluster):
     multinode, state, ips, shared = cluster
     model = shared.get("model") or multinode.register_any()  # the sweep's winner, else (no winner on its small data)

@@ -101,3 +101,95 @@ def test_a_sweep_with_an_unwritable_cache_stops_before_ray_or_mlflow_start(tmp_p
     assert proc.returncode == 2
     assert proc.stderr.strip().splitlines()[-1].startswith(f"error: --cache-dir / $EMBED_CACHE_DIR {tmp_path}")
     assert not (tmp_path / "mlflow.db").exists()
+
+
+def _mlflow_server(tmp_path, port: int):
+    """The cluster's MLflow server (cluster/nodes.py's recipe: basic auth with a token, proxied artifacts) on
+    127.0.0.1:`port`, in a session of its own; returns (start, stop, client environment)."""
+    import importlib.util
+    import signal
+    import time
+
+    import requests
+
+    spec = importlib.util.spec_from_file_location("cluster_nodes", REPO / "cluster" / "nodes.py")
+    nodes = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(nodes)
+    (tmp_path / "token").write_text("s" * 64)
+    argv, env = nodes.mlflow_server_argv("127.0.0.1", port, f"sqlite:///{tmp_path / 'server.db'}",
+                                         str(tmp_path / "art"), tmp_path / "auth", tmp_path / "token")
+    argv[0] = str(Path(sys.executable).parent / "mlflow")
+    holder = []
+
+    def start():
+        holder.append(subprocess.Popen(argv, env={**os.environ, **env}, start_new_session=True,
+                                       stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL))
+        for _ in range(240):
+            try:
+                if requests.get(f"http://127.0.0.1:{port}/health", timeout=2).status_code == 200:
+                    return
+            except requests.RequestException:
+                pass
+            time.sleep(0.25)
+        raise RuntimeError("the MLflow server did not start")
+
+    def stop():
+        os.killpg(holder[-1].pid, signal.SIGKILL)
+        holder[-1].wait()
+
+    client_env = {"MLFLOW_TRACKING_URI": f"http://127.0.0.1:{port}", "MLFLOW_TRACKING_USERNAME": "embed",
+                  "MLFLOW_TRACKING_PASSWORD": "s" * 64}
+    return start, stop, client_env
+
+
+@pytest.mark.slow
+def test_a_sweep_outlives_a_restart_of_its_mlflow_server_with_every_run_recorded_once(sweep_env, tmp_path):
+    """The server killed while the sweep's trials run and started again 5 s later: the driver's MLflow client
+    retries with backoff (MLflow's own: 7 retries, ~4 min), so the sweep finishes and no run is lost or doubled."""
+    import time
+
+    import mlflow
+
+    from tests.conftest import free_ports
+
+    (port,) = free_ports(1)
+    start, stop, client_env = _mlflow_server(tmp_path, port)
+    start()
+    env = {**sweep_env, **client_env}
+    cmd = [str(REPO / "cluster" / "local.sh"), "submit", "--", "python", "sweeps/pair_residual.py", "--task", "stsb",
+           "--smoke-test", "--name", "restarted", "--experiment", "restart"]
+    job = subprocess.Popen(cmd, env=env, cwd=REPO, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
+    os.environ.update(client_env)
+    client = mlflow.MlflowClient(client_env["MLFLOW_TRACKING_URI"])
+    restarted = False
+    try:
+        deadline = time.time() + 600
+        while job.poll() is None and time.time() < deadline and not restarted:
+            time.sleep(0.5)
+            exp = client.get_experiment_by_name("restart")
+            runs = client.search_runs([exp.experiment_id], "tags.trial_id != ''") if exp else []
+            if runs:  # a trial has started: the server goes away under it
+                stop()
+                time.sleep(5)
+                start()
+                restarted = True
+        out = job.communicate(timeout=600)[0]
+    finally:
+        for k in client_env:
+            os.environ.pop(k, None)
+        stop()
+    assert restarted and job.returncode == 0, out[-3000:]
+    start()
+    try:
+        os.environ.update(client_env)
+        exp = client.get_experiment_by_name("restart")
+        (parent,) = client.search_runs([exp.experiment_id], "attributes.run_name = 'restarted'")
+        trials = [r for r in client.search_runs([exp.experiment_id], f"tags.`mlflow.parentRunId` = '{parent.info.run_id}'")
+                  if r.data.tags.get("trial_id")]
+        assert parent.info.status == "FINISHED"
+        assert len(trials) == 3 and all(r.info.status == "FINISHED" for r in trials)
+        assert len({r.data.tags["trial_id"] for r in trials}) == 3  # none doubled by a retried request
+    finally:
+        for k in client_env:
+            os.environ.pop(k, None)
+        stop()
