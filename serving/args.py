@@ -16,6 +16,8 @@ class Replicas(BaseModel):
     max_per_node: int | None = Field(None, ge=1, description="replicas of this deployment per Ray node at the most "
                                      "(Serve's max_replicas_per_node): 1 spreads them over the nodes of a cluster, so "
                                      "that losing one node loses one replica")
+    downscale_delay_s: float = Field(600.0, ge=0, description="seconds of low load before Serve removes a replica "
+                                     "(Serve's default); shorter gives idle nodes back to the autoscaler sooner")
 
 
 class AppArgs(BaseModel):
@@ -77,4 +79,4 @@ def deployment_options(r: Replicas, access_log: bool = False, **extra) -> dict[s
     return {"ray_actor_options": {"num_cpus": r.num_cpus}, **spread,
             "logging_config": {"enable_access_log": access_log},
             "autoscaling_config": {"min_replicas": r.min, "max_replicas": r.max, "initial_replicas": max(1, r.min),
-                                   "target_ongoing_requests": 4}, **extra}
+                                   "target_ongoing_requests": 4, "downscale_delay_s": r.downscale_delay_s}, **extra}

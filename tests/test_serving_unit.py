@@ -444,3 +444,16 @@ def test_the_default_config_at_its_most_replicas_fits_a_two_cpu_node():
     need = args.encoder.max * args.encoder.num_cpus + args.ingress.max * args.ingress.num_cpus
     need += WarmJobs.ray_actor_options["num_cpus"]
     assert args.encoder.max >= 2 and args.ingress.max >= 2 and need <= 2.0, need
+
+
+def test_replicas_spread_over_nodes_and_give_idle_ones_back_when_asked():
+    from serving.args import Replicas, deployment_options
+
+    plain = deployment_options(Replicas())
+    assert "max_replicas_per_node" not in plain and plain["autoscaling_config"]["downscale_delay_s"] == 600.0
+    spread = deployment_options(Replicas(min=1, max=4, max_per_node=1, downscale_delay_s=10))
+    assert spread["max_replicas_per_node"] == 1
+    assert spread["autoscaling_config"] == {"min_replicas": 1, "max_replicas": 4, "initial_replicas": 1,
+                                            "target_ongoing_requests": 4, "downscale_delay_s": 10}
+    with pytest.raises(ValueError, match="max_per_node"):
+        Replicas(max_per_node=0)

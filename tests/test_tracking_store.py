@@ -193,3 +193,34 @@ def test_a_sweep_outlives_a_restart_of_its_mlflow_server_with_every_run_recorded
         for k in client_env:
             os.environ.pop(k, None)
         stop()
+
+
+def test_a_dataset_inserted_by_a_concurrent_sweep_is_linked_not_an_error(tmp_path, monkeypatch):
+    """Two sweeps of one experiment log the same dataset at once: the store refuses the second insert (seen with two
+    jobs on one cluster); log_task_inputs tries again and links the row the other wrote."""
+    import mlflow
+
+    from embed_lib.tracking import runs
+
+    mlflow.set_tracking_uri(f"sqlite:///{tmp_path / 'mlflow.db'}")
+    real, calls = mlflow.log_input, []
+
+    def racing(dataset, **kw):
+        calls.append(dataset.name)
+        if len(calls) == 1:  # the other sweep's row landed between this one's check and its insert
+            real(dataset, **kw)
+            raise mlflow.exceptions.MlflowException("(sqlite3.IntegrityError) UNIQUE constraint failed: datasets.experiment_id, "
+                                                    "datasets.name, datasets.digest")
+        return real(dataset, **kw)
+
+    monkeypatch.setattr(mlflow, "log_input", racing)
+    with mlflow.start_run() as run:
+        runs.log_task_inputs("stsb")
+    assert calls[:2] == ["stsb-train", "stsb-train"] and len(calls) == 4  # train twice, then validation and test
+    names = {i.dataset.name for i in mlflow.get_run(run.info.run_id).inputs.dataset_inputs}
+    assert names == {"stsb-train", "stsb-validation", "stsb-test"}
+    # any other error of the store is not swallowed
+    monkeypatch.setattr(mlflow, "log_input", lambda *a, **k: (_ for _ in ()).throw(
+        mlflow.exceptions.MlflowException("RESOURCE_DOES_NOT_EXIST")))
+    with mlflow.start_run(), pytest.raises(mlflow.exceptions.MlflowException, match="RESOURCE_DOES_NOT_EXIST"):
+        runs.log_task_inputs("stsb")

@@ -228,9 +228,19 @@ def _dataset_source(where: str) -> str:
     return str(Path(where).absolute())
 
 
-def log_task_inputs(task: str, data_dir: str | Path | None = None) -> None:
-    """The task's splits as the active run's dataset inputs (source, digest, row counts in the MLflow UI)."""
+def log_task_inputs(task: str, data_dir: str | Path | None = None, attempts: int = 3) -> None:
+    """The task's splits as the active run's dataset inputs (source, digest, row counts in the MLflow UI).
+
+    Two sweeps of one experiment starting together both insert the same dataset: the store refuses the second
+    insert (its check and insert are not atomic: "UNIQUE constraint failed: datasets..."); another attempt finds the
+    row the first one wrote and links it."""
     for split, d in load_splits(task, SPLITS, data_dir).items():
         frame = pd.DataFrame({"sentence1": d.sentence1, "sentence2": d.sentence2, "label": d.label})
         dataset = mlflow.data.from_pandas(frame, source=_dataset_source(d.source), name=f"{task}-{split}")
-        mlflow.log_input(dataset, context=split, tags={"split_note": d.split_note[:250]})
+        for attempt in range(attempts):
+            try:
+                mlflow.log_input(dataset, context=split, tags={"split_note": d.split_note[:250]})
+                break
+            except mlflow.exceptions.MlflowException as exc:
+                if "UNIQUE constraint failed: datasets" not in str(exc) or attempt == attempts - 1:
+                    raise
