@@ -17,10 +17,11 @@
 4. Every listening socket of every node, and what it answers without the token.
 
 5. Autoscaling: a head alone with Ray's autoscaler (cluster/autoscale.yaml); a smaller sweep's GPU trials make it
-   add gpu_worker nodes from zero (`scale_up_s`), which it removes once idle (`scale_down_s`).
+   add gpu_worker nodes from zero (`scale_up_s`), which it removes once idle (`scale_down_s`). Then a service from
+   one replica each under c=32 load: Serve asks for replicas no node has room for, the autoscaler adds nodes for
+   them, and both give them back after the load (`serve_autoscale`, replicas by node every 5 s).
 
-The replacement nodes of 2 and 3 are started by this script (the static cluster has no autoscaler). Not measured:
-Serve autoscaling onto a new node under load.
+The replacement nodes of 2 and 3 are started by this script (the static cluster has no autoscaler).
 """
 from __future__ import annotations
 
@@ -196,7 +197,7 @@ async def _timed_loop(url: str, bodies, concurrency: int, seconds: float) -> lis
     return events
 
 
-def load_main(seconds: float, out: str) -> None:
+def load_main(seconds: float, out: str, concurrency: int = 8) -> None:
     """The closed loop, run in the head's namespace (the proxy listens on its loopback): events to `out`."""
     from benchmarks.load import Bodies
     from embed_lib.data.tasks import load_task
@@ -210,7 +211,8 @@ def load_main(seconds: float, out: str) -> None:
     asyncio.run(_timed_loop("http://127.0.0.1:8000/v1/score", Bodies("warm", sentences, 32), 8, 20))
     t0 = time.time()
     (Path(out).parent / "load_started").write_text(str(t0))
-    events = asyncio.run(_timed_loop("http://127.0.0.1:8000/v1/score", Bodies("warm", sentences, 32), 8, seconds))
+    events = asyncio.run(_timed_loop("http://127.0.0.1:8000/v1/score", Bodies("warm", sentences, 32), concurrency,
+                                     seconds))
     Path(out).write_text(json.dumps({"t0": t0, "events": events}))
 
 
@@ -304,6 +306,46 @@ def serve_with_node_loss(state: Path, model: str, load_s: float, kill_at_s: floa
             "pairs_per_s_by_second": [per_s.get(s, 0) for s in range(int(load_s))]}
 
 
+def serve_autoscale_phase(state: Path, model: str, load_s: float = 90, concurrency: int = 32) -> dict:
+    """On the autoscaling cluster: serving/config_multinode.yaml with `model`@champion from one replica each (min 1,
+    max 4, one per node, Serve's downscale delay 10 s); a closed loop of `concurrency` x 32 warm pairs for `load_s`
+    seconds makes Serve ask for replicas no node has room for, Ray's autoscaler adds nodes for them; after the load
+    Serve removes the replicas and the autoscaler the idle nodes. Replicas by node are sampled every 5 s."""
+    config = state / "serve.yaml"
+    text = (REPO / "serving" / "config_multinode.yaml").read_text().replace(
+        "models:/pair-residual-stsb@champion", f"models:/{model}@champion")
+    for name in ("encoder", "ingress"):
+        text = text.replace(f"{name}: {{min: 2, max: 4, num_cpus: 0.5, max_per_node: 1}}",
+                            f"{name}: {{min: 1, max: 4, num_cpus: 0.5, max_per_node: 1, downscale_delay_s: 10}}")
+    config.write_text(text)
+    deploy = subprocess.run([str(REPO / "cluster" / "local.sh"), "serve", str(config)], text=True, capture_output=True)
+    if deploy.returncode != 0:
+        return {"serve_autoscale": {"deployed": False, "error": (deploy.stdout + deploy.stderr)[-800:]}}
+    t0 = time.time()
+    samples = [{"t": 0.0, "nodes": len(json.loads(nodes("status"))["nodes"]), "replicas": replicas_by_node()}]
+    events_file = state / "events_autoscale.json"
+    (state / "load_started").unlink(missing_ok=True)
+    load = subprocess.Popen([sys.executable, str(REPO / "cluster" / "nodes.py"), "exec", "--", sys.executable,
+                             str(Path(__file__).resolve()), "_load", str(load_s), str(events_file), str(concurrency)])
+    while load.poll() is None or time.time() - t0 < load_s + 150:
+        time.sleep(5)
+        samples.append({"t": round(time.time() - t0, 1), "load": load.poll() is None,
+                        "nodes": len(json.loads(nodes("status"))["nodes"]), "replicas": replicas_by_node()})
+        if load.poll() is not None and samples[-1]["nodes"] <= samples[0]["nodes"] and \
+                sum(len(v) for v in samples[-1]["replicas"].values()) <= sum(len(v) for v in samples[0]["replicas"].values()):
+            break
+    record = json.loads(events_file.read_text())
+    events = record["events"]
+    peak = max(samples, key=lambda s: len(s["replicas"]))  # nodes holding a replica ("head": WarmJobs, 0 CPUs)
+    return {"serve_autoscale": {
+        "deployed": True, "load": f"warm, c={concurrency} x 32 pairs for {load_s:.0f} s, closed loop from the head",
+        "load_measured_from_s": round(record["t0"] - t0, 1),  # the samples' clock: after the load's warm-up
+        "replica_nodes_start": len(samples[0]["replicas"]), "replica_nodes_peak": len(peak["replicas"]),
+        "nodes_start": samples[0]["nodes"], "nodes_peak": max(s["nodes"] for s in samples),
+        "nodes_end": samples[-1]["nodes"], "replica_nodes_end": len(samples[-1]["replicas"]),
+        "requests": len(events), "failed_requests": sum(1 - e[1] for e in events), "samples": samples}}
+
+
 def socket_check(head: str) -> dict:
     """Every listening socket of every node; a non-loopback one is asked for / over HTTP without a token."""
     import urllib.error
@@ -344,32 +386,43 @@ def main() -> None:
     p.add_argument("--kill-at-s", type=float, default=30)
     p.add_argument("--serve-kill", default="w2", help="the worker node killed under load (w1 is gone by then)")
     p.add_argument("--keep", action="store_true", help="leave the cluster running")
+    p.add_argument("--phases", default="static,autoscale", help="static (node loss: sweep, serving, sockets), "
+                   "autoscale (a sweep and a service scaling nodes from zero); a subset updates the existing results")
     p.add_argument("--teacher", action="store_true", help="the sweep with its teacher (its first training: ~30 min on a "
                    "worker node; without it the sweep has no ce_margin target)")
     args = p.parse_args()
     if os.geteuid() != 0:
         raise SystemExit("benchmarks/multinode.py needs root (cluster/nodes.py: network namespaces, a second user)")
-    state = Path(tempfile.mkdtemp(prefix="embed-multinode-"))
-    ips = start_cluster(state)
+    phases = set(args.phases.split(","))
+    out = REPO / "results" / "benchmarks" / "multinode.json"
+    figures = {k: v for k, v in json.loads(out.read_text()).items() if k not in ("benchmark", "when", "machine")} \
+        if phases != {"static", "autoscale"} and out.is_file() else {}
     try:
-        status = json.loads(nodes("status"))
-        figures = {"nodes": {"count": len(ips), "types": {n: v["kind"] for n, v in status["nodes"].items()},
-                             "how": "cluster/nodes.py: a network namespace per node on a host-only bridge"},
-                   "worker_isolation": json.loads(nodes("isolation"))}
-        sweep_args = ["--num-samples", str(args.samples), "--seeds", str(args.seeds)]
-        figures.update(sweep_with_node_loss(state, sweep_args + ([] if args.teacher else ["--no-teacher"]),
-                                            expected=args.samples, kill="w1"))
-        figures.pop("parent_run_id")
-        figures["nodes"]["after_sweep"] = {n: v["kind"] for n, v in json.loads(nodes("status"))["nodes"].items()}
-        if figures.get("registered_name"):
-            figures.update(serve_with_node_loss(state, figures["registered_name"], args.load_s, args.kill_at_s,
-                                                args.serve_kill))
-        figures.update(socket_check(ips["head"]))
-        figures["not_measured"] = "Serve autoscaling onto a new node under load"
-        stop_cluster()
-        scaled = Path(tempfile.mkdtemp(prefix="embed-autoscale-"))
-        figures.update(autoscale_phase(scaled, ["--limit", "300", "--num-samples", "4", "--seeds", "2", "--epochs", "6",
-                                                "--no-teacher"]))
+        if "static" in phases:
+            state = Path(tempfile.mkdtemp(prefix="embed-multinode-"))
+            ips = start_cluster(state)
+            status = json.loads(nodes("status"))
+            figures.update({"nodes": {"count": len(ips), "types": {n: v["kind"] for n, v in status["nodes"].items()},
+                                      "how": "cluster/nodes.py: a network namespace per node on a host-only bridge"},
+                            "worker_isolation": json.loads(nodes("isolation"))})
+            sweep_args = ["--num-samples", str(args.samples), "--seeds", str(args.seeds)]
+            figures.update(sweep_with_node_loss(state, sweep_args + ([] if args.teacher else ["--no-teacher"]),
+                                                expected=args.samples, kill="w1"))
+            figures.pop("parent_run_id")
+            figures["nodes"]["after_sweep"] = {n: v["kind"] for n, v in json.loads(nodes("status"))["nodes"].items()}
+            if figures.get("registered_name"):
+                figures.update(serve_with_node_loss(state, figures["registered_name"], args.load_s, args.kill_at_s,
+                                                    args.serve_kill))
+            figures.update(socket_check(ips["head"]))
+            stop_cluster()
+            figures.setdefault("phase_when", {})["static"] = time.strftime("%Y-%m-%dT%H:%M:%S")
+        if "autoscale" in phases:
+            scaled = Path(tempfile.mkdtemp(prefix="embed-autoscale-"))
+            figures.update(autoscale_phase(scaled, ["--limit", "300", "--num-samples", "4", "--seeds", "2",
+                                                    "--epochs", "6", "--no-teacher"]))
+            figures.update(serve_autoscale_phase(scaled, register_any()))
+            figures.setdefault("phase_when", {})["autoscale"] = time.strftime("%Y-%m-%dT%H:%M:%S")
+        figures.pop("not_measured", None)
         write_results("multinode", figures)
     finally:
         if not args.keep:
@@ -378,6 +431,6 @@ def main() -> None:
 
 if __name__ == "__main__":
     if sys.argv[1:2] == ["_load"]:
-        load_main(float(sys.argv[2]), sys.argv[3])
+        load_main(float(sys.argv[2]), sys.argv[3], *[int(c) for c in sys.argv[4:5]])
     else:
         main()

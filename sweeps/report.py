@@ -18,10 +18,11 @@ from sweeps.trainable import METRIC, final_metrics, resolve
 
 
 def rows_from(results, fixed: dict[str, Any]) -> tuple[list[dict[str, Any]], list[dict[str, Any]]]:
-    """(complete trials, early-stopped trials) as flat dicts of config + final metrics."""
+    """(complete trials, early-stopped trials) as flat dicts of config + final metrics. A trial that failed past its
+    retries (`r.error`; no config or result to rank) is neither: `errored` counts it."""
     done, stopped = [], []
     for r in results:
-        if r.metrics is None:
+        if r.metrics is None or r.config is None or getattr(r, "error", None) is not None:
             continue
         row = {"trial": r.metrics.get("trial_id"), **r.config, **fixed, "config": dict(r.config)}
         if "per_seed" in r.metrics:
@@ -129,7 +130,8 @@ def finish_sweep(results, data, fixed: dict[str, Any], space_keys: list[str], ta
     done, stopped = rows_from(results, fixed)
     _board(done, stopped, space_keys, fixed, log_fn)
     winner = select_winner(done, tolerance=tolerance)
-    out: dict[str, Any] = {"complete": len(done), "stopped_early": len(stopped), "winner": None}
+    out: dict[str, Any] = {"complete": len(done), "stopped_early": len(stopped), "winner": None,
+                           "errored": sum(getattr(r, "error", None) is not None for r in results)}
     mlflow.set_tag("winner_rule", rule_text(tolerance))
     swept = (f"Sweep of `{task}`: {len(done)} configurations complete, {len(stopped)} stopped early by ASHA, "
              f"{fixed.get('n_seeds', '?')} seeds each; searched: {', '.join(space_keys) or 'nothing'}; fixed: "

@@ -44,3 +44,17 @@ def test_precompute_embeddings_reports_cache_use(ray_local, tmp_path):
     second = precompute_embeddings("mrpc", EncoderConfig(), cache_dir=tmp_path, workers=2, limit=40)
     assert first["misses"] > 0 and first["workers"] == 2
     assert second == {"hits": first["hits"] + first["misses"], "misses": 0, "workers": 0}
+
+
+def test_a_logical_gpu_without_cuda_runs_on_cpu_and_says_so_once(caplog, monkeypatch):
+    import logging
+
+    import torch
+
+    from embed_lib.pipeline import distributed
+
+    monkeypatch.setattr(torch.cuda, "is_available", lambda: False)
+    monkeypatch.setattr(distributed, "_SAID", set())
+    with caplog.at_level(logging.WARNING, logger="embed_lib.pipeline.distributed"):
+        assert [distributed.usable_device(d) for d in ("cuda", "cuda:0", "cpu")] == ["cpu", "cpu", "cpu"]
+    assert [r.getMessage() for r in caplog.records] == ["this node has a logical GPU and no CUDA device: running on CPU"]

@@ -238,3 +238,21 @@ def test_a_real_intermediate_stage_round_trips_through_its_folder(tiny_splits, t
     np.testing.assert_allclose(recipe.predict(loaded[0], pairs, cfg), recipe.predict(loaded[1], pairs, cfg), rtol=1e-5)
     body = lambda ce: next(p for n, p in ce.model.named_parameters() if "encoder.layer.0." in n)  # noqa: E731
     assert not torch.equal(body(loaded[0]), body(T._load(cfg, "cpu")))  # the body trained, and was saved
+
+
+def test_a_teacher_trained_elsewhere_is_cached_here_and_never_trained_again(tiny_splits, tmp_path, monkeypatch):
+    """compute= (a Ray task on a GPU node in the sweeps): its scores and record come back and are cached where the
+    caller runs; the next call reads them, training nothing."""
+    calls = []
+
+    def elsewhere(splits, cfg):
+        calls.append(sorted(splits))
+        return {k: np.full(len(d), 0.5, np.float32) for k, d in splits.items()}, {"key": teacher_key(cfg, splits),
+                                                                                  "where": "a GPU node"}
+
+    scores, record = teacher_scores(tiny_splits, TINY, tmp_path, compute=elsewhere)
+    assert calls == [["test", "train", "validation"]] and record["where"] == "a GPU node"
+    monkeypatch.setattr(T, "_cross_fit", lambda *a, **k: pytest.fail("trained again"))
+    again, record2 = teacher_scores(tiny_splits, TINY, tmp_path)  # no compute: the cache written above
+    assert record2["where"] == "a GPU node" and len(calls) == 1
+    assert all(np.array_equal(again[k], scores[k]) for k in scores)

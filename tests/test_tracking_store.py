@@ -201,8 +201,9 @@ def test_a_dataset_inserted_by_a_concurrent_sweep_is_linked_not_an_error(tmp_pat
     import mlflow
 
     from embed_lib.tracking import runs
+    from embed_lib.tracking.runs import set_experiment
 
-    mlflow.set_tracking_uri(f"sqlite:///{tmp_path / 'mlflow.db'}")
+    set_experiment("races", f"sqlite:///{tmp_path / 'mlflow.db'}")  # explicit: other tests leave fluent state behind
     real, calls = mlflow.log_input, []
 
     def racing(dataset, **kw):
@@ -224,3 +225,27 @@ def test_a_dataset_inserted_by_a_concurrent_sweep_is_linked_not_an_error(tmp_pat
         mlflow.exceptions.MlflowException("RESOURCE_DOES_NOT_EXIST")))
     with mlflow.start_run(), pytest.raises(mlflow.exceptions.MlflowException, match="RESOURCE_DOES_NOT_EXIST"):
         runs.log_task_inputs("stsb")
+
+
+def test_through_a_server_new_experiments_proxy_artifacts_and_one_with_a_local_path_is_refused(tmp_path):
+    """A tracking server's new experiment keeps its artifacts behind the server (mlflow-artifacts:); an experiment
+    of that server whose artifacts sit on a local path (made by a one-node store) is refused, naming --experiment."""
+    import mlflow
+
+    from embed_lib.tracking.runs import set_experiment
+    from tests.conftest import free_ports
+
+    (port,) = free_ports(1)
+    start, stop, client_env = _mlflow_server(tmp_path, port)
+    start()
+    os.environ.update(client_env)
+    try:
+        uri = client_env["MLFLOW_TRACKING_URI"]
+        assert set_experiment("proxied", uri).artifact_location.startswith("mlflow-artifacts:")
+        mlflow.MlflowClient(uri).create_experiment("on-a-path", artifact_location=(tmp_path / "local").as_uri())
+        with pytest.raises(ValueError, match=r"'on-a-path' of the MLflow server .* local path .* \(--experiment NAME\)"):
+            set_experiment("on-a-path", uri)
+    finally:
+        for k in client_env:
+            os.environ.pop(k, None)
+        stop()
