@@ -71,7 +71,8 @@ def test_two_sweeps_together_one_losing_a_worker_node_both_record_every_trial_on
     assert out["node_killed_at_s"] is not None  # a trial was running on w1 when it died
     assert out["trials_completed"] == out["trials_expected"] == 4
     assert out["mlflow_running_after"] == 0 and out["mlflow_duplicate_runs"] == 0
-    assert out["trials_retried"] >= 1  # the trial w1 held ran again elsewhere
+    # (not asserted: trials_retried >= 1. The kill can land between a trial's last report and its end, and then
+    # nothing needs retrying: seen once in the suite, 0 retried with all 4 complete; the benchmark records the figure)
     assert len([n for n in out["trials_by_node"] if n != "w1"]) >= 1 and sum(out["trials_by_node"].values()) == 4
     assert out["registered_name"] in (None, "pair-residual-stsb-limited")
     shared["model"] = out["registered_name"]
