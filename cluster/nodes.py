@@ -441,13 +441,27 @@ def cmd_start(args) -> None:
 
 
 def cmd_stop(args) -> None:
+    """The head first (with it the autoscaler, which could start a node meanwhile), then every node the state file
+    names, then whatever namespace or temp dir of this cluster's subnet is still there (a node launched while the
+    state was read)."""
     st = state()
+    head = st.get("nodes", {}).get("head")
+    if head:
+        stop_session(head["sid"])
+    with locked():
+        st = state() or st
     for node in reversed(list(st.get("nodes", {}).values())):
         stop_session(node["sid"])
         remove_namespace(node["ns"])
         shutil.rmtree(node["temp"], ignore_errors=True)
-    for gone in st.get("killed", []):
-        shutil.rmtree(gone.get("temp", ""), ignore_errors=True)
+    for ns in sh("ip", "netns", "list", check=False).stdout.split():
+        if ns.startswith(f"emb{TAG}-w"):
+            for pid in sh("ip", "netns", "pids", ns, check=False).stdout.split():
+                with contextlib.suppress(ProcessLookupError):
+                    os.kill(int(pid), signal.SIGKILL)
+            remove_namespace(ns)
+    for temp in Path("/tmp").glob(f"emb{TAG}-w*"):
+        shutil.rmtree(temp, ignore_errors=True)
     if "mlflow" in st:
         stop_session(st["mlflow"]["sid"])
     sh("ip", "link", "del", BRIDGE, check=False)
