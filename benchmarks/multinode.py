@@ -197,18 +197,19 @@ async def _timed_loop(url: str, bodies, concurrency: int, seconds: float) -> lis
     return events
 
 
-def load_main(seconds: float, out: str, concurrency: int = 8) -> None:
-    """The closed loop, run in the head's namespace (the proxy listens on its loopback): events to `out`."""
+def load_main(seconds: float, out: str, concurrency: int = 8, n_sentences: int = 2000, settle_s: float = 20) -> None:
+    """The closed loop, run in the head's namespace (the proxy listens on its loopback): events to `out`.
+    `n_sentences` of STS-B validation warmed first, then `settle_s` seconds of the loop unrecorded."""
     from benchmarks.load import Bodies
     from embed_lib.data.tasks import load_task
 
     import requests
 
-    sentences = load_task("stsb", "validation").texts()[:2000]
-    for _ in range(3):  # every replica's cache warm (each call lands on one replica), then 20 s of the loop unrecorded
+    sentences = load_task("stsb", "validation").texts()[:n_sentences]
+    for _ in range(3):  # every replica's cache warm (each call lands on one replica), then the loop, unrecorded
         for i in range(0, len(sentences), 1000):
             requests.post("http://127.0.0.1:8000/v1/warm", json={"texts": sentences[i: i + 1000]}, timeout=600)
-    asyncio.run(_timed_loop("http://127.0.0.1:8000/v1/score", Bodies("warm", sentences, 32), 8, 20))
+    asyncio.run(_timed_loop("http://127.0.0.1:8000/v1/score", Bodies("warm", sentences, 32), 8, settle_s))
     t0 = time.time()
     (Path(out).parent / "load_started").write_text(str(t0))
     events = asyncio.run(_timed_loop("http://127.0.0.1:8000/v1/score", Bodies("warm", sentences, 32), concurrency,
@@ -262,9 +263,11 @@ def node_ids() -> list[dict]:
     return [{"node_id": i, "name": names.get(ip, ip)} for i, ip in json.loads(out)]
 
 
-def serve_with_node_loss(state: Path, model: str, load_s: float, kill_at_s: float, kill: str) -> dict:
-    """serving/config_multinode.yaml with `model`@champion; a warm closed loop from the head for `load_s` seconds;
-    node `kill` killed at `kill_at_s` and a replacement started."""
+def serve_with_node_loss(state: Path, model: str, load_s: float, kill_at_s: float, kill: str,
+                         n_sentences: int = 2000, settle_s: float = 20) -> dict:
+    """serving/config_multinode.yaml with `model`@champion; a warm closed loop (c=8 x 32 pairs drawn from `n_sentences`
+    warmed sentences, `settle_s` unrecorded) from the head for `load_s` seconds; node `kill` killed at `kill_at_s` and a
+    replacement started."""
     config = state / "serve.yaml"
     config.write_text((REPO / "serving" / "config_multinode.yaml").read_text().replace(
         "models:/pair-residual-stsb@champion", f"models:/{model}@champion"))
@@ -274,7 +277,8 @@ def serve_with_node_loss(state: Path, model: str, load_s: float, kill_at_s: floa
     before_kill = replicas_by_node()
     events_file = state / "events.json"
     load = subprocess.Popen([sys.executable, str(REPO / "cluster" / "nodes.py"), "exec", "--", sys.executable,
-                             str(Path(__file__).resolve()), "_load", str(load_s), str(events_file)])
+                             str(Path(__file__).resolve()), "_load", str(load_s), str(events_file), "8",
+                             str(n_sentences), str(settle_s)])
     while not (state / "load_started").exists() and load.poll() is None:
         time.sleep(0.2)
     time.sleep(kill_at_s)
@@ -431,6 +435,6 @@ def main() -> None:
 
 if __name__ == "__main__":
     if sys.argv[1:2] == ["_load"]:
-        load_main(float(sys.argv[2]), sys.argv[3], *[int(c) for c in sys.argv[4:5]])
+        load_main(float(sys.argv[2]), sys.argv[3], *[int(c) for c in sys.argv[4:6]], *[float(s) for s in sys.argv[6:7]])
     else:
         main()
