@@ -127,7 +127,7 @@ bench: venv
 	$(BIN)/python benchmarks/baseline_cache.py
 	$(BIN)/python benchmarks/seed_group.py
 	$(BIN)/python benchmarks/tune_overhead.py
-	$(BIN)/python benchmarks/serve_bench.py
+	$(BIN)/python benchmarks/serve_bench.py --with-proxy
 	$(BIN)/python benchmarks/serve_bench.py --direct-ingress
 	$(BIN)/python benchmarks/batching.py
 	$(BIN)/python benchmarks/cold_bound.py

@@ -7,7 +7,8 @@ adapter with a warm embedding cache, (b) cold (every sentence new: the corpus se
 seeded order, same lengths; encoding needed), (c) a cross-encoder served the same way; plus the adapter and
 the cross-encoder called in-process, one thread each (no Serve); and the cascade at b = 0.1 (routed by the
 gate's difficulty) at c=8 x 32 pairs against the cross-encoder alone in that cell.
-Targets on 2 cores: warm adapter >= 40x the cross-encoder's pairs/s; p99 <= 100 ms at c=8, 32 pairs.
+Targets on 2 cores (default topology, int8 both, c=8 x 32): warm adapter >= 25x the fastest cross-encoder path,
+p99 <= 25 ms, the cascade at b = 0.1 >= 5x, no failed request.
 `--runs 3` measures every cell three times on the same service; the headline figures are then the
 median over the runs, with each run's and their min / max. `--cells c8x32` measures only the cells the
 targets name (concurrency 8, 32 pairs: warm, cold, cross-encoder alone, cascade).
@@ -17,11 +18,12 @@ application each (`cross_encoder_placement`: a deployment of its own, or inside 
 measures them in alternation within each run; each placement's figures are its own, and the cascade is
 also given against the fastest cross-encoder-alone cell of either placement.
 
-Topologies: through Serve's HTTP proxy (default); `--haproxy`: Ray Serve's HAProxy ingress
-(RAY_SERVE_ENABLE_HA_PROXY=1): HAProxy, a load balancer written in C, answers on the Serve port in place of
-the Python proxy and forwards each request to an ingress replica's own HTTP port; or `--direct-ingress`: the
-load goes straight to the ingress replica's own port (what a load balancer of your own in front of the
-replicas reaches; no hop at all).
+Topologies: the default is cluster/serve.env's, Ray Serve's HAProxy ingress (RAY_SERVE_ENABLE_HA_PROXY=1):
+HAProxy, a load balancer written in C, answers on the Serve port and forwards each request to an ingress
+replica's own HTTP port; `--with-proxy` measures Serve's Python proxy too, after it in the same run, on a new
+Ray with RAY_SERVE_ENABLE_HA_PROXY=0 (its figures under `proxy_same_run`); `--proxy`: the proxy alone;
+`--direct-ingress`: the load goes straight to the ingress replica's own port (what a load balancer of your own
+in front of the replicas reaches; no hop at all).
 """
 from __future__ import annotations
 
@@ -63,9 +65,13 @@ def _parse_args():
                     help="Ray Serve's direct ingress (RAY_SERVE_ENABLE_DIRECT_INGRESS=1): the ingress replica serves "
                          "HTTP on a port of its own and the load goes there (no proxy hop), as a load balancer "
                          "in front of the replicas would")
-    ap.add_argument("--haproxy", action="store_true",
-                    help="Ray Serve's HAProxy ingress (RAY_SERVE_ENABLE_HA_PROXY=1): HAProxy answers on the Serve "
-                         "port and forwards to the ingress replicas' own ports; the load goes to the Serve port")
+    ap.add_argument("--proxy", action="store_true",
+                    help="Serve's Python proxy instead of the default HAProxy ingress (RAY_SERVE_ENABLE_HA_PROXY=0)")
+    ap.add_argument("--with-proxy", action="store_true",
+                    help="after the default topology, the same cells through Serve's Python proxy in the same run "
+                         "(a new Ray), written beside the default's figures as proxy_same_run")
+    ap.add_argument("--name", default=None,
+                    help="the results file's name (default: serve_bench plus the topology and the options)")
     ap.add_argument("--ingress-replicas", type=int, default=1,
                     help="ingress replicas (default 1; serving/config.yaml lets Serve scale to 2): each holds the "
                          "adapter and its near cache, warmed from the corpus at start")
@@ -140,27 +146,37 @@ def _serve(tmp: str, tracking: str, sentences: list[str], cross_encoder: str, di
 def main() -> None:
     args = _parse_args()
     # lazy: Serve's and Ray's settings are put in the environment before Ray is first imported
-    from serving.serve_env import apply_serve_env
+    from serving.serve_env import apply_serve_env, ingress
 
-    if args.direct_ingress and args.haproxy:
-        raise SystemExit("--direct-ingress and --haproxy are two topologies: choose one")
+    if sum([args.direct_ingress, args.proxy, args.with_proxy]) > 1:
+        raise SystemExit("--direct-ingress, --proxy and --with-proxy are three topologies: choose one")
     if args.direct_ingress:
-        os.environ["RAY_SERVE_ENABLE_DIRECT_INGRESS"] = "1"
-    if args.haproxy:
-        os.environ["RAY_SERVE_ENABLE_HA_PROXY"] = "1"
-    settings = apply_serve_env()  # before ray.init: the local cluster's processes inherit them
-    import ray
-    from ray import serve
-
+        os.environ.update(RAY_SERVE_ENABLE_DIRECT_INGRESS="1", RAY_SERVE_ENABLE_HA_PROXY="0")
+    if args.proxy:
+        os.environ["RAY_SERVE_ENABLE_HA_PROXY"] = "0"
     tmp = tempfile.mkdtemp()
+    settings = apply_serve_env(haproxy_dir=os.path.join(tmp, "haproxy"))  # before ray.init: its processes inherit them
     tracking = f"sqlite:///{tmp}/mlflow.db"
     data = _register(tracking, args.encoder_backend)
     sentences = load_task("stsb", "validation").texts()[:2000]
     cross_encoder = os.environ.get("BENCH_CROSS_ENCODER", "minilm")
     in_process, in_process_ce = _in_process(data.X.shape[1], sentences, cross_encoder)
+    placements = args.placements.split(",")
+    topologies = {ingress(): (settings, _measure(args, tmp, tracking, sentences, cross_encoder, placements))}
+    if args.with_proxy:  # the same cells through Serve's Python proxy, on a new Ray
+        os.environ["RAY_SERVE_ENABLE_HA_PROXY"] = "0"
+        topologies["proxy"] = ({**settings, "RAY_SERVE_ENABLE_HA_PROXY": "0"},
+                               _measure(args, tmp, tracking, sentences, cross_encoder, placements))
+    _write(args, topologies, in_process, in_process_ce, placements)
+
+
+def _measure(args, tmp: str, tracking: str, sentences: list[str], cross_encoder: str, placements: list[str]) -> list:
+    """On a Ray of its own with the environment's Serve settings: the service, then every run's rows."""
+    import ray
+    from ray import serve
+
     ray.init(num_cpus=2, include_dashboard=False, log_to_driver=False)
     sizes = [int(p) for p in args.pairs.split(",")]
-    placements = args.placements.split(",")
     urls = {pl: _serve(tmp, tracking, sentences, cross_encoder, args.direct_ingress, args.cross_encoder_backend,
                        max(sizes), args.ingress_replicas, pl, "bench" if len(placements) == 1 else f"ce-{pl}",
                        1.0 / len(placements)) + "/v1/score" for pl in placements}
@@ -182,7 +198,7 @@ def main() -> None:
         runs.append(rows)
     serve.shutdown()
     ray.shutdown()
-    _write(args, settings, runs, in_process, in_process_ce, placements)
+    return runs
 
 
 def _row(run: int, path: str, concurrency: int, pairs: int, res: dict, placement: str = "deployment") -> dict:
@@ -245,38 +261,52 @@ def _by_placement(runs, placements: list[str]) -> dict:
     return out
 
 
-def _write(args, settings, runs, in_process: float, in_process_ce: float, placements: list[str]) -> None:
-    name = "serve_bench" + ("_direct_ingress" if args.direct_ingress else "_haproxy" if args.haproxy else "")
-    if args.encoder_backend != "torch" or args.cross_encoder_backend != "torch":
-        name += f"_enc-{args.encoder_backend}_ce-{args.cross_encoder_backend}"
-    if args.ingress_replicas != 1:
-        name += f"_ingress-{args.ingress_replicas}"
-    if placements != ["deployment"]:
-        name += "_ce-in-" + "-".join(placements)
-    if args.cells != "all":
-        name += f"_{args.cells}"
-    head = placements[0]
-    per_run = [_figures([r for r in rows if r["cross_encoder_placement"] == head]) for rows in runs]
+TOPOLOGY = {"haproxy": "Serve's HAProxy ingress -> ingress replica's own port",
+            "proxy": "Serve's Python HTTP proxy -> ingress replica",
+            "direct": "direct ingress (load to the ingress replica's own port)"}
+
+
+def _write(args, topologies: dict, in_process: float, in_process_ce: float, placements: list[str]) -> None:
+    """The first topology's figures as the headline; a second one (--with-proxy) beside them, same layout."""
+    (first, (settings, runs)), *rest = topologies.items()
+    name = args.name or ("serve_bench" + {"haproxy": "_haproxy", "proxy": "", "direct": "_direct_ingress"}[first])
+    if not args.name:
+        if args.encoder_backend != "torch" or args.cross_encoder_backend != "torch":
+            name += f"_enc-{args.encoder_backend}_ce-{args.cross_encoder_backend}"
+        if args.ingress_replicas != 1:
+            name += f"_ingress-{args.ingress_replicas}"
+        if placements != ["deployment"]:
+            name += "_ce-in-" + "-".join(placements)
+        if args.cells != "all":
+            name += f"_{args.cells}"
+    out = {"encoder_backend": args.encoder_backend, "cross_encoder_backend": args.cross_encoder_backend,
+           "seconds_per_cell": args.seconds, "ingress_replicas": args.ingress_replicas, "cells": args.cells,
+           "cross_encoder_placements": placements,
+           "in_process_adapter_pairs_per_s": round(in_process, 1),
+           "in_process_cross_encoder_pairs_per_s": round(in_process_ce, 1),
+           "in_process_ratio": round(in_process / in_process_ce, 1),
+           **_topology(first, settings, runs, placements, in_process),
+           "target_ratio": 25, "target_p99_ms": 25, "target_cascade_ratio": 5, "target_cold_ratio": 2}
+    for other, (other_settings, other_runs) in rest:
+        out[f"{other}_same_run"] = _topology(other, other_settings, other_runs, placements, in_process)
+        out[f"warm_over_cross_encoder_{first}_over_{other}"] = round(
+            out["warm_over_cross_encoder"] / out[f"{other}_same_run"]["warm_over_cross_encoder"], 2)
+    write_results(name, out)
+
+
+def _topology(kind: str, settings: dict, runs: list, placements: list[str], in_process: float) -> dict:
+    """One topology's figures: the first placement's median over runs (one run: that run), each run's in
+    `per_run`; the rows of the run with the median warm / cross-encoder ratio (every run's in rows_by_run)."""
+    per_run = [_figures([r for r in rows if r["cross_encoder_placement"] == placements[0]]) for rows in runs]
     summary = _summary(per_run)
-    write_results(name, {
-        "encoder_backend": args.encoder_backend, "cross_encoder_backend": args.cross_encoder_backend,
-        "topology": "direct ingress (load to the ingress replica's own port)" if args.direct_ingress
-        else "Serve's HAProxy ingress -> ingress replica's own port" if args.haproxy
-        else "Serve HTTP proxy -> ingress replica",
-        "serve_settings": {**settings, **{k: os.environ.get(k) for k in ("RAY_SERVE_ENABLE_DIRECT_INGRESS",
-                                                                          "RAY_SERVE_ENABLE_HA_PROXY")}},
-        "seconds_per_cell": args.seconds, "runs": len(runs), "ingress_replicas": args.ingress_replicas,
-        "cells": args.cells, "cross_encoder_placements": placements,
-        # the rows of the run with the median warm / cross-encoder ratio (every run's in rows_by_run)
-        "rows": runs[sorted(range(len(runs)), key=lambda i: per_run[i]["warm_over_cross_encoder"])[len(runs) // 2]],
-        "rows_by_run": runs if len(runs) > 1 else None,
-        "in_process_adapter_pairs_per_s": round(in_process, 1),
-        "in_process_cross_encoder_pairs_per_s": round(in_process_ce, 1),
-        "in_process_ratio": round(in_process / in_process_ce, 1),
-        # the headline figures: the first placement's median over runs (one run: that run), each run's in `per_run`
-        **summary, "target_ratio": 40, "target_p99_ms": 100, "target_cascade_ratio": 8, "target_cold_ratio": 2,
-        **({"by_placement": _by_placement(runs, placements)} if len(placements) > 1 else {}),
-        "serve_overhead_in_process_over_served": round(in_process / summary["best_warm_adapter_pairs_per_s"], 1)})
+    return {"topology": TOPOLOGY[kind], "ingress": kind,
+            "serve_settings": {**settings, **{k: os.environ.get(k) for k in ("RAY_SERVE_ENABLE_DIRECT_INGRESS",)}},
+            "runs": len(runs), "failed_requests": sum(r["errors"] for rows in runs for r in rows),
+            "rows": runs[sorted(range(len(runs)), key=lambda i: per_run[i]["warm_over_cross_encoder"])[len(runs) // 2]],
+            "rows_by_run": runs if len(runs) > 1 else None, **summary,
+            **({"by_placement": _by_placement(runs, placements)} if len(placements) > 1 else {}),
+            "serve_overhead_in_process_over_served": round(in_process / summary["best_warm_adapter_pairs_per_s"], 1)}
+
 
 if __name__ == "__main__":
     main()

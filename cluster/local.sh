@@ -14,7 +14,8 @@
 # RAY_METRICS_PORT, DASHBOARD_METRIC_PORT (44227), AUTOSCALER_METRIC_PORT (44217) (Ray's defaults),
 # RAY_NUM_CPUS (all cores), RAY_AUTH_TOKEN_PATH ($EMBED_RAY_DIR/auth_token, made on first start),
 # the Ray Serve settings of cluster/serve.env (each overridable from the environment). `submit` forwards EMBED_DATA_DIR, EMBED_CACHE_DIR, EMBED_STORAGE_DIR,
-# MLFLOW_TRACKING_URI, MLFLOW_ARTIFACT_ROOT and HF_HUB_OFFLINE to the job; with no MLFLOW_TRACKING_URI it forwards this
+# MLFLOW_TRACKING_URI, MLFLOW_ARTIFACT_ROOT, MLflow's client settings MLFLOW_TRACKING_USERNAME/PASSWORD and
+# MLFLOW_HTTP_REQUEST_* (retries, backoff, timeout) and HF_HUB_OFFLINE to the job; with no MLFLOW_TRACKING_URI it forwards this
 # clone's own store (sqlite:///<repo>/mlflow.db, artifacts in <repo>/mlartifacts, what `make` uses), never leaving the
 # job to put one in its temporary copy of the working dir; likewise the caches (.cache/embed_lib) and Tune's state
 # (.cache/ray_results). `job-env` prints what `submit` would forward.
@@ -72,6 +73,7 @@ job_env() {
   python3 -c 'import json, os, sys
 keys = ["EMBED_DATA_DIR", "EMBED_CACHE_DIR", "EMBED_STORAGE_DIR", "MLFLOW_TRACKING_URI", "MLFLOW_ARTIFACT_ROOT",
         "MLFLOW_TRACKING_USERNAME", "MLFLOW_TRACKING_PASSWORD", "HF_HUB_OFFLINE"]
+keys += [k for k in os.environ if k.startswith("MLFLOW_HTTP_REQUEST_")]  # the MLflow client: retries, backoff, timeout
 print(json.dumps({"working_dir": ".", "excludes": json.load(open(sys.argv[1]))["excludes"],
                   "env_vars": {k: os.environ[k] for k in keys if os.environ.get(k)}}))' "$ROOT/cluster/runtime_env.json"
 }
@@ -98,6 +100,16 @@ case "${1:-}" in
     if running; then echo "local Ray already running (pgid $(cat "$PIDFILE")), dashboard http://127.0.0.1:$DASH"; exit 0; fi
     mkdir -p "$STATE/tmp"
     ensure_token
+    # Serve's ingress: HAProxy (cluster/serve.env) with ports and files of this cluster's own (a short dir: Unix
+    # sockets), its stats and metrics on loopback (cluster/haproxy-loopback); RAY_SERVE_ENABLE_HA_PROXY=0: the proxy
+    rm -rf "$(cat "$STATE/haproxy.dir" 2>/dev/null || echo /nonexistent)"
+    if [[ "${RAY_SERVE_ENABLE_HA_PROXY:-0}" == 1 ]]; then
+      hap="$(mktemp -d /tmp/embhap-XXXXXX)"; echo "$hap" >"$STATE/haproxy.dir"
+      eval "$(python "$ROOT/serving/serve_env.py" haproxy "$hap")"
+      echo "haproxy" >"$STATE/ingress"
+    else
+      echo "proxy" >"$STATE/ingress"
+    fi
     # every port can be set, so that two clusters (a developer's and the tests') never collide
     setsid ray start --head --block --node-ip-address=127.0.0.1 --port="$PORT" \
       --dashboard-host=127.0.0.1 --dashboard-port="$DASH" --temp-dir="$STATE/tmp" \
@@ -135,6 +147,7 @@ case "${1:-}" in
         sleep 0.1
       done
       rm -f "$PIDFILE"
+      rm -rf "$(cat "$STATE/haproxy.dir" 2>/dev/null || echo /nonexistent)" "$STATE/haproxy.dir"
       if [[ -n "$open" ]]; then echo "local Ray stopped, but port(s)$open still listen after 10 s" >&2; exit 1; fi
       echo "local Ray stopped (ports closed: ${ports:-none})"
     else
@@ -179,7 +192,12 @@ case "${1:-}" in
     # wait on the dashboard's Serve REST API (what `serve status` reads, polled from one process instead of a
     # Python that imports Ray per look) until every application of the config is RUNNING with healthy
     # deployments, or one has failed
-    python3 "$ROOT/cluster/dashboard.py" wait-serve "$DASH_URL" "$config" ;;
+    python3 "$ROOT/cluster/dashboard.py" wait-serve "$DASH_URL" "$config"
+    if multi; then ingress=proxy; else ingress="$(cat "$STATE/ingress" 2>/dev/null || echo proxy)"; fi
+    case "$ingress" in
+      haproxy) echo "ingress: Ray Serve's HAProxy (RAY_SERVE_ENABLE_HA_PROXY=0 at cluster start: Serve's Python proxy)" ;;
+      *) echo "ingress: Ray Serve's Python proxy" ;;
+    esac ;;
   *)
     echo "usage: $0 start | stop | status | env | job-env | submit -- COMMAND... | serve [CONFIG]" >&2; exit 2 ;;
 esac

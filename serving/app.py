@@ -40,6 +40,7 @@ from serving.model import load_served, pinned_uri, resolve_manifest
 from serving.schemas import (RerankRequest, RerankResponse, ScoreRequest, ScoreResponse, TeiRank, TeiRerankRequest,
                              WarmJob, WarmRequest, check_texts)
 from serving.scorer import PairScorer, RoutingError, cascade_scores
+from serving.serve_env import ingress
 
 log = logging.getLogger("ray.serve")  # Serve's logger: lines land in the replica's log, tagged with the replica
 
@@ -263,7 +264,7 @@ class Ingress:
         caches = self.scorer.stats()
         # true while the warm corpus is still on its way from the encoder into this replica (after a cold start)
         caches["near_cache"]["warming"] = bool(self._pending_warm) or bool(self._warm_task and not self._warm_task.done())
-        return {"data": [{**info, "embedding_cache": await self.encoder.stats.remote(), **caches,
+        return {"data": [{**info, "ingress": ingress(), "embedding_cache": await self.encoder.stats.remote(), **caches,
                           "cross_encoder": (await self._cross_encoder_info()) if self.ce_score else None,
                           "cascade_budget": a.cascade_budget, "limits": {
                               "max_pairs": a.max_pairs, "max_documents": a.max_documents,

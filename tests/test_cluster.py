@@ -105,12 +105,15 @@ def _container_env(manifest: dict) -> list[dict[str, str]]:
             for g in groups for c in g["template"]["spec"]["containers"]]
 
 
-def test_serve_settings_have_one_source_and_reach_every_serving_node():
-    from serving.serve_env import apply_serve_env, serve_env
+def test_serve_settings_have_one_source_and_reach_every_serving_node(tmp_path):
+    from serving.serve_env import apply_serve_env, multi_node_serve_env, serve_env
 
     settings = serve_env()
     assert settings["RAY_SERVE_USE_GRPC_BY_DEFAULT"] == "1"
     assert settings["RAY_SERVE_RUN_USER_CODE_IN_SEPARATE_THREAD"] == "0"
+    assert settings["RAY_SERVE_ENABLE_HA_PROXY"] == "1"  # one node: HAProxy
+    settings = multi_node_serve_env()  # several nodes: the same, with Serve's proxy
+    assert settings["RAY_SERVE_ENABLE_HA_PROXY"] == "0"
     for name in ("kuberay/rayservice.yaml", "kuberay/raycluster.yaml"):
         for env in _container_env(load(name)):
             assert {k: env.get(k) for k in settings} == settings, name
@@ -121,7 +124,7 @@ def test_serve_settings_have_one_source_and_reach_every_serving_node():
                 assert all(f"{k}={v} " in cmd for k, v in settings.items()), (name, cmd)
     # the environment wins over the file; what is unset is filled in
     environ = {"RAY_SERVE_USE_GRPC_BY_DEFAULT": "0"}
-    in_force = apply_serve_env(environ)
+    in_force = apply_serve_env(environ, tmp_path)
     assert in_force["RAY_SERVE_USE_GRPC_BY_DEFAULT"] == "0" and environ["RAY_SERVE_USE_GRPC_BY_DEFAULT"] == "0"
     assert environ["RAY_SERVE_RUN_ROUTER_IN_SEPARATE_LOOP"] == settings["RAY_SERVE_RUN_ROUTER_IN_SEPARATE_LOOP"]
 
@@ -273,3 +276,51 @@ def test_the_local_cluster_listens_on_loopback_only_and_stop_closes_every_port()
     still = subprocess.run(["ss", "-ltnH"], capture_output=True, text=True).stdout
     open_ports = [p for _, p, _ in sockets if f":{p} " in still]
     assert not open_ports, (open_ports, f"stop took {seconds:.1f} s")
+
+
+def test_the_haproxy_wrapper_puts_stats_and_metrics_on_loopback_and_leaves_the_rest(tmp_path):
+    """cluster/haproxy-loopback rewrites exactly the two binds Ray renders on every interface (stats page and
+    Prometheus frontend) and runs the real binary with Ray's arguments unchanged."""
+    cfg = tmp_path / "haproxy.cfg"
+    cfg.write_text("frontend prometheus\n    bind :19101\n    mode http\n"
+                   "frontend http_frontend\n    bind 127.0.0.1:18000\n"
+                   "frontend grpc_frontend\n    bind *:19000 proto h2\n"
+                   "listen stats\n  bind *:18404\n  stats enable\n")
+    fake = tmp_path / "haproxy"  # stands for the real binary: records its arguments
+    fake.write_text('#!/bin/sh\necho "$@" > "$(dirname "$0")/args"\n')
+    fake.chmod(0o755)
+    env = dict(os.environ, EMBED_HAPROXY_BINARY=str(fake), RAY_SERVE_HAPROXY_STATS_PORT="18404",
+               RAY_SERVE_HAPROXY_METRICS_PORT="19101")
+    subprocess.run([str(CLUSTER / "haproxy-loopback"), "-db", "-f", str(cfg), "-dR", "-sf", "123"], env=env, check=True)
+    assert cfg.read_text() == ("frontend prometheus\n    bind 127.0.0.1:19101\n    mode http\n"
+                               "frontend http_frontend\n    bind 127.0.0.1:18000\n"
+                               "frontend grpc_frontend\n    bind *:19000 proto h2\n"  # not ours to move: its host is Serve's
+                               "listen stats\n  bind 127.0.0.1:18404\n  stats enable\n")
+    assert (tmp_path / "args").read_text().split() == ["-db", "-f", str(cfg), "-dR", "-sf", "123"]
+    # without the real binary named, it says what is missing
+    env.pop("EMBED_HAPROXY_BINARY")
+    out = subprocess.run([str(CLUSTER / "haproxy-loopback"), "-f", str(cfg)], env=env, capture_output=True, text=True)
+    assert out.returncode != 0 and "EMBED_HAPROXY_BINARY" in out.stderr
+
+
+def test_two_clusters_get_their_own_haproxy_ports_and_files(tmp_path):
+    from serving.serve_env import HAPROXY_WRAPPER, apply_serve_env, ingress
+
+    one, two = {}, {}
+    apply_serve_env(one, tmp_path / "one")
+    apply_serve_env(two, tmp_path / "two")
+    assert ingress(one) == ingress(two) == "haproxy"
+    for key in ("RAY_SERVE_HAPROXY_STATS_PORT", "RAY_SERVE_HAPROXY_METRICS_PORT", "RAY_SERVE_HAPROXY_CONFIG_FILE_LOC",
+                "RAY_SERVE_HAPROXY_SOCKET_PATH", "RAY_SERVE_HAPROXY_SERVER_STATE_FILE",
+                "RAY_SERVE_HAPROXY_METRICS_SOCKET_PATH"):
+        assert one[key] != two[key], key
+    assert one["RAY_SERVE_HAPROXY_CONFIG_FILE_LOC"].startswith(str(tmp_path / "one"))
+    assert one["RAY_SERVE_HAPROXY_BINARY_PATH"] == str(HAPROXY_WRAPPER) and os.access(one["EMBED_HAPROXY_BINARY"], os.X_OK)
+    assert one["RAY_SERVE_HAPROXY_METRICS_ENABLED"] == "0"  # per-request metrics: only when asked for
+    asked = {"EMBED_RAY_METRICS": "1", "RAY_SERVE_HAPROXY_STATS_PORT": "18404"}
+    apply_serve_env(asked, tmp_path / "three")
+    assert asked["RAY_SERVE_HAPROXY_METRICS_ENABLED"] == "1" and asked["RAY_SERVE_HAPROXY_STATS_PORT"] == "18404"
+    # Serve's proxy one setting away: no HAProxy settings at all
+    proxy = {"RAY_SERVE_ENABLE_HA_PROXY": "0"}
+    apply_serve_env(proxy, tmp_path / "four")
+    assert ingress(proxy) == "proxy" and not any(k.startswith("RAY_SERVE_HAPROXY") for k in proxy)

@@ -417,6 +417,62 @@ def test_moving_the_champion_switches_models_without_dropping_requests(served, e
     np.testing.assert_allclose([d["score"] for d in got], offline, atol=1e-5)
 
 
+@pytest.mark.slow
+def test_an_ingress_replica_killed_under_load_is_replaced_and_the_service_keeps_answering(served):
+    """Chaos through the default ingress (HAProxy): a second application with two ingress replicas under a closed
+    loop of 4 clients; one replica SIGKILLed. Failed requests are counted (a request in flight on the killed replica
+    can fail); the other replica keeps answering, Serve starts a replacement, and HAProxy routes to it."""
+    import signal
+
+    from ray import serve
+    from ray.util.state import list_actors
+
+    from serving.app import build_app
+
+    def ingress_replicas():
+        return [a for a in list_actors(filters=[("state", "=", "ALIVE")], limit=1000)
+                if a.class_name == "ServeReplica:chaos:Ingress"]
+
+    serve.run(build_app({**served["args"], "max_inflight": 16, "ingress": {"min": 2, "max": 2, "num_cpus": 0.25},
+                         "encoder": {"min": 1, "max": 1, "num_cpus": 0.25}}), name="chaos", route_prefix="/chaos")
+    url = served["url"] + "/chaos/v1/score"
+    events, stop = [], threading.Event()  # (time, status)
+
+    def load():
+        session = requests.Session()
+        while not stop.is_set():
+            try:
+                code = session.post(url, json={"pairs": PAIRS[:2]}, timeout=30).status_code
+            except requests.RequestException:
+                code = 0
+            events.append((time.time(), code))
+
+    threads = [threading.Thread(target=load) for _ in range(4)]
+    try:
+        (victim, *_), replaced = ingress_replicas(), None
+        for th in threads:
+            th.start()
+        time.sleep(3)
+        os.kill(victim.pid, signal.SIGKILL)
+        t_kill = time.time()
+        while time.time() - t_kill < 60 and replaced is None:
+            time.sleep(0.5)
+            alive = ingress_replicas()
+            if len(alive) == 2 and victim.actor_id not in {a.actor_id for a in alive}:
+                replaced = time.time() - t_kill
+        time.sleep(3)  # load on the replaced set
+    finally:
+        stop.set()
+        for th in threads:
+            th.join()
+        serve.delete("chaos")
+    failed = [e for e in events if e[1] != 200]
+    assert replaced is not None, "no replacement replica within 60 s"
+    assert sum(1 for t, c in events if c == 200 and t > t_kill) > 0  # answered after the kill
+    assert sum(1 for t, c in events if c == 200 and t > t_kill + replaced) > 0  # and with the replacement in
+    assert len(failed) <= max(4, 0.02 * len(events)), (len(failed), len(events), sorted({c for _, c in failed}))
+
+
 def test_an_encoder_mismatch_refuses_to_start(served):
     from serving.app import build_app
 
@@ -553,7 +609,7 @@ def _grpc_status(port: int, token: str | None):
 
 
 def test_while_serving_only_token_protected_ports_listen_beyond_loopback(served, ray_cluster):
-    """The Serve proxy, controller and replicas included: every socket of the cluster's session listens on
+    """Serve's HAProxy ingress, controller and replicas included: every socket of the cluster's session listens on
     loopback, except the replicas' gRPC servers (README, "Network exposure"), which refuse a call without
     the cluster's token and accept the same call with it."""
     import grpc
@@ -563,7 +619,13 @@ def test_while_serving_only_token_protected_ports_listen_beyond_loopback(served,
     session = int((Path(ray_cluster["EMBED_RAY_DIR"]) / "head.pid").read_text())
     sockets = listening_sockets(session)
     port = int(served["url"].rsplit(":", 1)[1])
-    assert any(p == port and a in LOOPBACK for a, p, _ in sockets), sockets  # the Serve proxy is one of them
+    # the ingress is Ray Serve's HAProxy (cluster/serve.env): its frontend on the Serve port, its stats page and its
+    # Prometheus frontend (which Ray binds to every interface) kept on loopback by cluster/haproxy-loopback
+    (info,) = requests.get(served["url"] + "/v1/models", timeout=30).json()["data"]
+    assert info["ingress"] == "haproxy"
+    haproxy = {p for a, p, name in sockets if name == "haproxy"}
+    assert port in haproxy and len(haproxy) >= 3, sockets  # frontend, stats, Prometheus
+    assert any(p == port and a in LOOPBACK for a, p, _ in sockets), sockets
     exposed = [s for s in sockets if s[0] not in LOOPBACK]
     assert all(name in ALLOWED_BEYOND_LOOPBACK for _, _, name in exposed), exposed
     token = Path(os.environ["RAY_AUTH_TOKEN_PATH"]).read_text().strip()
