@@ -26,57 +26,21 @@ The replacement nodes of 2 and 3 are started by this script (the static cluster 
 from __future__ import annotations
 
 import argparse
-import asyncio
 import json
 import os
-import statistics
 import subprocess
 import sys
 import tempfile
 import time
+import urllib.error
+import urllib.request
 from pathlib import Path
 
 from benchmarks._common import REPO, write_results
-
-#: the environment that names one cluster of cluster/nodes.py (its bridge, state and MLflow store)
-CLUSTER_ENV = ("EMBED_NET", "EMBED_MULTI_DIR", "EMBED_RAY_DIR", "EMBED_CLUSTER_STORE", "EMBED_CLUSTER_ARTIFACTS")
-
-
-def net() -> str:
-    return os.environ.get("EMBED_NET", "10.213.9")
-
-
-def start_cluster(state: Path, net_prefix: str = "10.213.9", workers: int = 2, autoscale: bool = False
-                  ) -> dict[str, str]:
-    """A cluster of its own (bridge `net_prefix`, state and MLflow store under `state`): {node name: address}.
-    autoscale: Ray's autoscaler adds and removes the worker nodes (cluster/autoscale.yaml)."""
-    os.environ.update(EMBED_NET=net_prefix, EMBED_MULTI_DIR=str(state), EMBED_RAY_DIR=str(state),
-                      EMBED_CLUSTER_STORE=f"sqlite:///{state}/mlflow.db", EMBED_CLUSTER_ARTIFACTS=f"{state}/art")
-    os.chmod(state, 0o700)
-    subprocess.run([sys.executable, str(REPO / "cluster" / "nodes.py"), "start", "--workers", str(workers),
-                    "--cpus-per-worker", "1", "--gpus-per-worker", "1", *(["--autoscale"] if autoscale else [])],
-                   check=True)
-    return {n: v["ip"] for n, v in json.loads(nodes("status"))["nodes"].items()}
-
-
-def stop_cluster() -> None:
-    subprocess.run([sys.executable, str(REPO / "cluster" / "nodes.py"), "stop"], check=False)
-
-
-def nodes(*args: str, check: bool = True) -> str:
-    return subprocess.run([sys.executable, str(REPO / "cluster" / "nodes.py"), *args], check=check, text=True,
-                          capture_output=True).stdout
-
-
-def client_env() -> dict[str, str]:
-    return dict(line[len("export "):].split("=", 1) for line in nodes("env").splitlines() if line.startswith("export "))
-
-
-def mlflow_client():
-    import mlflow  # lazy: the load mode (run in the head's namespace) needs no MLflow
-
-    os.environ.update({k: v for k, v in client_env().items() if k.startswith("MLFLOW_")})
-    return mlflow.MlflowClient(os.environ["MLFLOW_TRACKING_URI"])
+from benchmarks.multinode_cluster import (CLUSTER_ENV, client_env, mlflow_client, net, node_ids, nodes,  # noqa: F401
+                                         start_cluster, stop_cluster, trial_runs)
+from benchmarks.multinode_serving import (register_any, replicas_by_node, serve_autoscale_phase,  # noqa: F401
+                                         serve_with_node_loss)
 
 
 def autoscale_phase(state: Path, sweep_args: list[str]) -> dict:
@@ -109,13 +73,6 @@ def autoscale_phase(state: Path, sweep_args: list[str]) -> dict:
                           "removed_after_idle": len(removed), "nodes_left": list(status["nodes"])},
             "scale_up_s": round(min(first.values()) / 1000 - t_queue, 1) if first and t_queue else None,
             "scale_down_s": round(max(removed) - last_end, 1) if removed and last_end else None}
-
-
-def trial_runs(client, parent_id: str) -> list:
-    """The sweep's trial runs (its other child, the winner's retraining, has no trial_id)."""
-    exp = client.get_run(parent_id).info.experiment_id
-    runs = client.search_runs([exp], f"tags.`mlflow.parentRunId` = '{parent_id}'", max_results=1000)
-    return [r for r in runs if r.data.tags.get("trial_id")]
 
 
 def sweep_with_node_loss(state: Path, sweep_args: list[str], expected: int, kill: str | None = "w1") -> dict:
@@ -173,187 +130,10 @@ def sweep_with_node_loss(state: Path, sweep_args: list[str], expected: int, kill
 
 
 # ------------------------------------------------------------------------------------------ the load (head's namespace)
-async def _timed_loop(url: str, bodies, concurrency: int, seconds: float) -> list[tuple[float, int, int]]:
-    import aiohttp
-
-    events: list[tuple[float, int, int]] = []  # (seconds since start, ok, pairs)
-    t0 = time.time()
-
-    async def worker(session, k: int) -> None:
-        i = 0
-        while time.time() - t0 < seconds:
-            body, n = bodies(k, i)
-            try:
-                async with session.post(url, json=body) as r:
-                    await r.read()
-                    ok = r.status == 200
-            except (aiohttp.ClientError, asyncio.TimeoutError):
-                ok = False
-            events.append((time.time() - t0, int(ok), n))
-            i += 1
-
-    async with aiohttp.ClientSession(timeout=aiohttp.ClientTimeout(total=60)) as session:
-        await asyncio.gather(*[worker(session, k) for k in range(concurrency)])
-    return events
-
-
-def load_main(seconds: float, out: str, concurrency: int = 8, n_sentences: int = 2000, settle_s: float = 20) -> None:
-    """The closed loop, run in the head's namespace (the proxy listens on its loopback): events to `out`.
-    `n_sentences` of STS-B validation warmed first, then `settle_s` seconds of the loop unrecorded."""
-    from benchmarks.load import Bodies
-    from embed_lib.data.tasks import load_task
-
-    import requests
-
-    sentences = load_task("stsb", "validation").texts()[:n_sentences]
-    for _ in range(3):  # every replica's cache warm (each call lands on one replica), then the loop, unrecorded
-        for i in range(0, len(sentences), 1000):
-            requests.post("http://127.0.0.1:8000/v1/warm", json={"texts": sentences[i: i + 1000]}, timeout=600)
-    asyncio.run(_timed_loop("http://127.0.0.1:8000/v1/score", Bodies("warm", sentences, 32), 8, settle_s))
-    t0 = time.time()
-    (Path(out).parent / "load_started").write_text(str(t0))
-    events = asyncio.run(_timed_loop("http://127.0.0.1:8000/v1/score", Bodies("warm", sentences, 32), concurrency,
-                                     seconds))
-    Path(out).write_text(json.dumps({"t0": t0, "events": events}))
-
-
-def replicas_by_node() -> dict[str, list[str]]:
-    """{node name: the Serve deployments with a live replica there} (asked from the head)."""
-    code = ("import json, ray; from ray.util.state import list_actors; ray.init(log_to_driver=False); "
-            "print(json.dumps([[a.class_name, a.node_id] for a in list_actors(filters=[('state', '=', 'ALIVE')]) "
-            "if a.class_name.startswith('ServeReplica')]))")
-    out = subprocess.run([sys.executable, str(REPO / "cluster" / "nodes.py"), "exec", "--", sys.executable, "-c", code],
-                         capture_output=True, text=True, check=True).stdout.strip().splitlines()[-1]
-    ids = {n["node_id"]: n["name"] for n in node_ids()}
-    found: dict[str, list[str]] = {}
-    for cls, node_id in json.loads(out):
-        found.setdefault(ids.get(node_id, node_id[:8]), []).append(cls.rsplit(":", 1)[-1])
-    return found
-
-
-def register_any(name: str = "pair-residual-stsb-limited") -> str:
-    """A small adapter (200 STS-B pairs a split, 2 seeds, 2 epochs) registered as `name`'s champion through the
-    cluster's MLflow server, from this process (for a sweep that found no winner); returns `name`."""
-    import mlflow
-
-    from embed_lib.config import AdapterConfig
-    from embed_lib.pipeline.prepare import load_study
-    from embed_lib.tracking.registry import evidence_of, log_adapter_model, promote
-    from embed_lib.tracking.runs import set_experiment
-    from embed_lib.training.seed_group import train_seed_group
-
-    mlflow_client()  # the server's URL and credentials into this process's environment
-    data, _ = load_study("stsb", limit=200)
-    set_experiment("multinode-register", os.environ["MLFLOW_TRACKING_URI"])
-    result = train_seed_group(AdapterConfig(adapter="pair_gated", target="lexical", n_seeds=2, epochs=2, width=32,
-                                            hidden=32), data)
-    with mlflow.start_run():
-        info = log_adapter_model(result, data, registered_name=name)
-    promote(name, info.registered_model_version, evidence_of(result, data))
-    return name
-
-
-def node_ids() -> list[dict]:
-    """[{name, node_id}] of the live nodes."""
-    code = ("import json, ray; ray.init(log_to_driver=False); "
-            "print(json.dumps([[n['NodeID'], n['NodeManagerAddress']] for n in ray.nodes() if n['Alive']]))")
-    out = subprocess.run([sys.executable, str(REPO / "cluster" / "nodes.py"), "exec", "--", sys.executable, "-c", code],
-                         capture_output=True, text=True, check=True).stdout.strip().splitlines()[-1]
-    names = {v["ip"]: n for n, v in json.loads(nodes("status"))["nodes"].items()}
-    return [{"node_id": i, "name": names.get(ip, ip)} for i, ip in json.loads(out)]
-
-
-def serve_with_node_loss(state: Path, model: str, load_s: float, kill_at_s: float, kill: str,
-                         n_sentences: int = 2000, settle_s: float = 20) -> dict:
-    """serving/config_multinode.yaml with `model`@champion; a warm closed loop (c=8 x 32 pairs drawn from `n_sentences`
-    warmed sentences, `settle_s` unrecorded) from the head for `load_s` seconds; node `kill` killed at `kill_at_s` and a
-    replacement started."""
-    config = state / "serve.yaml"
-    config.write_text((REPO / "serving" / "config_multinode.yaml").read_text().replace(
-        "models:/pair-residual-stsb@champion", f"models:/{model}@champion"))
-    deploy = subprocess.run([str(REPO / "cluster" / "local.sh"), "serve", str(config)], text=True, capture_output=True)
-    if deploy.returncode != 0:
-        return {"serving": {"deployed": False, "error": (deploy.stdout + deploy.stderr)[-800:]}}
-    before_kill = replicas_by_node()
-    events_file = state / "events.json"
-    load = subprocess.Popen([sys.executable, str(REPO / "cluster" / "nodes.py"), "exec", "--", sys.executable,
-                             str(Path(__file__).resolve()), "_load", str(load_s), str(events_file), "8",
-                             str(n_sentences), str(settle_s)])
-    while not (state / "load_started").exists() and load.poll() is None:
-        time.sleep(0.2)
-    time.sleep(kill_at_s)
-    t_kill = time.time()
-    nodes("kill-node", kill)
-    replaced = nodes("add-worker", "--cpus", "1", "--gpus", "1").strip()
-    load.wait()
-    subprocess.run([sys.executable, str(REPO / "cluster" / "nodes.py"), "exec", "--", "serve", "shutdown", "-y",
-                    "--address", f"http://{net()}.2:8265"], capture_output=True, check=False)  # the CPUs back
-    record = json.loads(events_file.read_text())
-    events, kill_s = record["events"], t_kill - record["t0"]
-    window = [e for e in events if kill_s - 30 <= e[0] < kill_s + 30]
-    per_s = {}
-    for t, ok, n in events:
-        per_s[int(t)] = per_s.get(int(t), 0) + (n if ok else 0)
-    before = statistics.median([per_s.get(s, 0) for s in range(5, int(kill_s) - 1)] or [0])
-    recovery = next((s - kill_s for s in range(int(kill_s) + 1, int(load_s) - 4)
-                     if sum(per_s.get(s + j, 0) for j in range(5)) / 5 >= 0.9 * before), None)
-    return {"serving": {"deployed": True, "config": "serving/config_multinode.yaml", "model": f"{model}@champion",
-                        "load": "warm, c=8 x 32 pairs, closed loop from the head", "killed_node": kill,
-                        "killed_at_s": round(kill_s, 1), "replacement_node": replaced,
-                        "replicas_by_node_before": before_kill, "replicas_by_node_after": replicas_by_node(),
-                        "pairs_per_s_before": before},
-            "requests": len(events), "requests_in_kill_window": len(window),
-            "failed_requests": sum(1 - e[1] for e in window),
-            "failed_requests_total": sum(1 - e[1] for e in events),
-            "failed_fraction": round(sum(1 - e[1] for e in window) / max(1, len(window)), 4),
-            "recovery_s": None if recovery is None else round(recovery, 1),
-            "pairs_per_s_by_second": [per_s.get(s, 0) for s in range(int(load_s))]}
-
-
-def serve_autoscale_phase(state: Path, model: str, load_s: float = 90, concurrency: int = 32) -> dict:
-    """On the autoscaling cluster: serving/config_multinode.yaml with `model`@champion from one replica each (min 1,
-    max 4, one per node, Serve's downscale delay 10 s); a closed loop of `concurrency` x 32 warm pairs for `load_s`
-    seconds makes Serve ask for replicas no node has room for, Ray's autoscaler adds nodes for them; after the load
-    Serve removes the replicas and the autoscaler the idle nodes. Replicas by node are sampled every 5 s."""
-    config = state / "serve.yaml"
-    text = (REPO / "serving" / "config_multinode.yaml").read_text().replace(
-        "models:/pair-residual-stsb@champion", f"models:/{model}@champion")
-    for name in ("encoder", "ingress"):
-        text = text.replace(f"{name}: {{min: 2, max: 4, num_cpus: 0.5, max_per_node: 1}}",
-                            f"{name}: {{min: 1, max: 4, num_cpus: 0.5, max_per_node: 1, downscale_delay_s: 10}}")
-    config.write_text(text)
-    deploy = subprocess.run([str(REPO / "cluster" / "local.sh"), "serve", str(config)], text=True, capture_output=True)
-    if deploy.returncode != 0:
-        return {"serve_autoscale": {"deployed": False, "error": (deploy.stdout + deploy.stderr)[-800:]}}
-    t0 = time.time()
-    samples = [{"t": 0.0, "nodes": len(json.loads(nodes("status"))["nodes"]), "replicas": replicas_by_node()}]
-    events_file = state / "events_autoscale.json"
-    (state / "load_started").unlink(missing_ok=True)
-    load = subprocess.Popen([sys.executable, str(REPO / "cluster" / "nodes.py"), "exec", "--", sys.executable,
-                             str(Path(__file__).resolve()), "_load", str(load_s), str(events_file), str(concurrency)])
-    while load.poll() is None or time.time() - t0 < load_s + 150:
-        time.sleep(5)
-        samples.append({"t": round(time.time() - t0, 1), "load": load.poll() is None,
-                        "nodes": len(json.loads(nodes("status"))["nodes"]), "replicas": replicas_by_node()})
-        if load.poll() is not None and samples[-1]["nodes"] <= samples[0]["nodes"] and \
-                sum(len(v) for v in samples[-1]["replicas"].values()) <= sum(len(v) for v in samples[0]["replicas"].values()):
-            break
-    record = json.loads(events_file.read_text())
-    events = record["events"]
-    peak = max(samples, key=lambda s: len(s["replicas"]))  # nodes holding a replica ("head": WarmJobs, 0 CPUs)
-    return {"serve_autoscale": {
-        "deployed": True, "load": f"warm, c={concurrency} x 32 pairs for {load_s:.0f} s, closed loop from the head",
-        "load_measured_from_s": round(record["t0"] - t0, 1),  # the samples' clock: after the load's warm-up
-        "replica_nodes_start": len(samples[0]["replicas"]), "replica_nodes_peak": len(peak["replicas"]),
-        "nodes_start": samples[0]["nodes"], "nodes_peak": max(s["nodes"] for s in samples),
-        "nodes_end": samples[-1]["nodes"], "replica_nodes_end": len(samples[-1]["replicas"]),
-        "requests": len(events), "failed_requests": sum(1 - e[1] for e in events), "samples": samples}}
 
 
 def socket_check(head: str) -> dict:
     """Every listening socket of every node; a non-loopback one is asked for / over HTTP without a token."""
-    import urllib.error
-    import urllib.request
 
     out = []
     for s in json.loads(nodes("sockets")):
@@ -434,7 +214,4 @@ def main() -> None:
 
 
 if __name__ == "__main__":
-    if sys.argv[1:2] == ["_load"]:
-        load_main(float(sys.argv[2]), sys.argv[3], *[int(c) for c in sys.argv[4:6]], *[float(s) for s in sys.argv[6:7]])
-    else:
-        main()
+    main()

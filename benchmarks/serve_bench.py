@@ -1,29 +1,20 @@
 """Serving benchmark: closed-loop load from a second process on loopback, bounded in time.
 
-Starts its own Ray (2 CPUs, with the Serve settings of cluster/serve.env) and Serve on 127.0.0.1,
-registers a small STS-B adapter in a temporary MLflow store, and measures pairs/s and p50/p99 latency at
-concurrency 1, 8, 32 with 1, 32 and 128 pairs per request (128: a top-100 re-ranking request) for (a) the
-adapter with a warm embedding cache, (b) cold (every sentence new: the corpus sentences' words in a new
-seeded order, same lengths; encoding needed), (c) a cross-encoder served the same way; plus the adapter and
-the cross-encoder called in-process, one thread each (no Serve); and the cascade at b = 0.1 (routed by the
-gate's difficulty) at c=8 x 32 pairs against the cross-encoder alone in that cell.
+Starts its own Ray (2 CPUs, the Serve settings of cluster/serve.env) and Serve on 127.0.0.1, registers a small STS-B
+adapter in a temporary MLflow store, and measures pairs/s and p50/p99 latency at concurrency 1, 8, 32 with 1, 32 and
+128 pairs per request for (a) the adapter with a warm embedding cache, (b) cold (every sentence new: a corpus
+sentence's words in a new seeded order), (c) a cross-encoder served the same way; the adapter and the cross-encoder
+in-process, one thread each; and the cascade at b = 0.1 (routed by the gate's difficulty) at c=8 x 32 pairs.
 Targets on 2 cores (default topology, int8 both, c=8 x 32): warm adapter >= 25x the fastest cross-encoder path,
-p99 <= 25 ms, the cascade at b = 0.1 >= 5x, no failed request.
-`--runs 3` measures every cell three times on the same service; the headline figures are then the
-median over the runs, with each run's and their min / max. `--cells c8x32` measures only the cells the
-targets name (concurrency 8, 32 pairs: warm, cold, cross-encoder alone, cascade).
+p99 <= 25 ms, the cascade at b = 0.1 >= 5x, no failed request. `--runs 3`: every cell three times on the same
+service, headline figures the median over the runs (each run's and min / max kept). `--cells c8x32`: only the
+targets' cells. `--placements deployment,ingress`: the cross-encoder served both ways side by side, one application
+each, measured in alternation; the cascade is also given against the faster cross-encoder-alone cell.
 
-`--placements deployment,ingress` serves the cross-encoder both ways side by side on one Serve, one
-application each (`cross_encoder_placement`: a deployment of its own, or inside the ingress replica), and
-measures them in alternation within each run; each placement's figures are its own, and the cascade is
-also given against the fastest cross-encoder-alone cell of either placement.
-
-Topologies: the default is cluster/serve.env's, Ray Serve's HAProxy ingress (RAY_SERVE_ENABLE_HA_PROXY=1):
-HAProxy, a load balancer written in C, answers on the Serve port and forwards each request to an ingress
-replica's own HTTP port; `--with-proxy` measures Serve's Python proxy too, after it in the same run, on a new
-Ray with RAY_SERVE_ENABLE_HA_PROXY=0 (its figures under `proxy_same_run`); `--proxy`: the proxy alone;
-`--direct-ingress`: the load goes straight to the ingress replica's own port (what a load balancer of your own
-in front of the replicas reaches; no hop at all).
+Topologies: the default is cluster/serve.env's, Ray Serve's HAProxy ingress (RAY_SERVE_ENABLE_HA_PROXY=1): HAProxy
+answers on the Serve port and forwards each request to an ingress replica's own HTTP port; `--with-proxy` measures
+Serve's Python proxy too, after it in the same run, on a new Ray (its figures under `proxy_same_run`); `--proxy`:
+the proxy alone; `--direct-ingress`: the load straight to the ingress replica's own port (no hop at all).
 """
 from __future__ import annotations
 
@@ -261,28 +252,22 @@ def _by_placement(runs, placements: list[str]) -> dict:
     return out
 
 
-TOPOLOGY = {"haproxy": "Serve's HAProxy ingress -> ingress replica's own port",
-            "proxy": "Serve's Python HTTP proxy -> ingress replica",
-            "direct": "direct ingress (load to the ingress replica's own port)"}
+TOPOLOGY = {"haproxy": "Serve's HAProxy ingress -> ingress replica's own port", "proxy": "Serve's Python HTTP proxy -> "
+            "ingress replica", "direct": "direct ingress (load to the ingress replica's own port)"}
 
 
 def _write(args, topologies: dict, in_process: float, in_process_ce: float, placements: list[str]) -> None:
     """The first topology's figures as the headline; a second one (--with-proxy) beside them, same layout."""
     (first, (settings, runs)), *rest = topologies.items()
-    name = args.name or ("serve_bench" + {"haproxy": "_haproxy", "proxy": "", "direct": "_direct_ingress"}[first])
-    if not args.name:
-        if args.encoder_backend != "torch" or args.cross_encoder_backend != "torch":
-            name += f"_enc-{args.encoder_backend}_ce-{args.cross_encoder_backend}"
-        if args.ingress_replicas != 1:
-            name += f"_ingress-{args.ingress_replicas}"
-        if placements != ["deployment"]:
-            name += "_ce-in-" + "-".join(placements)
-        if args.cells != "all":
-            name += f"_{args.cells}"
+    backends = args.encoder_backend, args.cross_encoder_backend
+    name = args.name or "serve_bench" + "".join([
+        {"haproxy": "_haproxy", "proxy": "", "direct": "_direct_ingress"}[first],
+        "_enc-{}_ce-{}".format(*backends) * (backends != ("torch", "torch")),
+        f"_ingress-{args.ingress_replicas}" * (args.ingress_replicas != 1),
+        ("_ce-in-" + "-".join(placements)) * (placements != ["deployment"]), f"_{args.cells}" * (args.cells != "all")])
     out = {"encoder_backend": args.encoder_backend, "cross_encoder_backend": args.cross_encoder_backend,
            "seconds_per_cell": args.seconds, "ingress_replicas": args.ingress_replicas, "cells": args.cells,
-           "cross_encoder_placements": placements,
-           "in_process_adapter_pairs_per_s": round(in_process, 1),
+           "cross_encoder_placements": placements, "in_process_adapter_pairs_per_s": round(in_process, 1),
            "in_process_cross_encoder_pairs_per_s": round(in_process_ce, 1),
            "in_process_ratio": round(in_process / in_process_ce, 1),
            **_topology(first, settings, runs, placements, in_process),
@@ -298,6 +283,9 @@ def _topology(kind: str, settings: dict, runs: list, placements: list[str], in_p
     """One topology's figures: the first placement's median over runs (one run: that run), each run's in
     `per_run`; the rows of the run with the median warm / cross-encoder ratio (every run's in rows_by_run)."""
     per_run = [_figures([r for r in rows if r["cross_encoder_placement"] == placements[0]]) for rows in runs]
+    for figures, rows in zip(per_run, runs):  # against the fastest cross-encoder path of any placement
+        fastest = max(r["pairs_per_s"] for r in rows if r["path"] == "warm cross_encoder")
+        figures["warm_over_fastest_cross_encoder"] = round(figures["best_warm_adapter_pairs_per_s"] / fastest, 1)
     summary = _summary(per_run)
     return {"topology": TOPOLOGY[kind], "ingress": kind,
             "serve_settings": {**settings, **{k: os.environ.get(k) for k in ("RAY_SERVE_ENABLE_DIRECT_INGRESS",)}},

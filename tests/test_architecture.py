@@ -55,3 +55,25 @@ def test_an_upward_import_breaks_a_contract_and_names_the_chain(tree, module, up
     assert out.returncode != 0
     broken = out.stdout.split("Broken contracts", 1)[-1]
     assert contract in broken and "embed_lib." + module[:-3].replace("/", ".") in broken, out.stdout[-3000:]
+
+
+def _project_modules() -> list[Path]:
+    """Every Python file of the project outside tests/ (tracked, or new and not ignored)."""
+    out = subprocess.run(["git", "ls-files", "--cached", "--others", "--exclude-standard", "*.py"], cwd=REPO,
+                         capture_output=True, text=True, check=True).stdout.split()
+    return [REPO / f for f in out if not f.startswith("tests/") and (REPO / f).is_file()]
+
+
+def test_no_module_over_300_lines_and_no_function_over_60_outside_tests():
+    import ast
+
+    modules = _project_modules()
+    assert len(modules) > 50  # the listing found the project
+    long_modules = {m.relative_to(REPO).as_posix(): n for m in modules if (n := len(m.read_text().splitlines())) > 300}
+    assert not long_modules, long_modules
+    long_functions = []
+    for m in modules:
+        for node in ast.walk(ast.parse(m.read_text())):
+            if isinstance(node, (ast.FunctionDef, ast.AsyncFunctionDef)) and node.end_lineno - node.lineno >= 60:
+                long_functions.append(f"{m.relative_to(REPO)}:{node.lineno} {node.name}")
+    assert not long_functions, long_functions
