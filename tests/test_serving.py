@@ -610,7 +610,7 @@ def _grpc_status(port: int, token: str | None):
 
 def test_while_serving_only_token_protected_ports_listen_beyond_loopback(served, ray_cluster):
     """Serve's HAProxy ingress, controller and replicas included: every socket of the cluster's session listens on
-    loopback, except the replicas' gRPC servers (README, "Network exposure"), which refuse a call without
+    loopback, except the replicas' gRPC servers (docs/clusters.md, "Network exposure"), which refuse a call without
     the cluster's token and accept the same call with it."""
     import grpc
 
