@@ -52,14 +52,20 @@ def mlflow_client():
     return mlflow.MlflowClient(os.environ["MLFLOW_TRACKING_URI"])
 
 
+def on_head(expression: str, imports: str = ""):
+    """The JSON value of a Python `expression` evaluated by a Ray driver on the head (`ray` imported and connected).
+    Marked in the output: Ray prints warnings to the same stdout (seen: "raylet has lagging heartbeats")."""
+    code = f"import json, ray{imports}; ray.init(log_to_driver=False); print('@@' + json.dumps({expression}))"
+    out = subprocess.run([sys.executable, str(REPO / "cluster" / "nodes.py"), "exec", "--", sys.executable, "-c", code],
+                         capture_output=True, text=True, check=True).stdout
+    return json.loads(next(line[2:] for line in reversed(out.splitlines()) if line.startswith("@@")))
+
+
 def node_ids() -> list[dict]:
     """[{name, node_id}] of the live nodes."""
-    code = ("import json, ray; ray.init(log_to_driver=False); "
-            "print(json.dumps([[n['NodeID'], n['NodeManagerAddress']] for n in ray.nodes() if n['Alive']]))")
-    out = subprocess.run([sys.executable, str(REPO / "cluster" / "nodes.py"), "exec", "--", sys.executable, "-c", code],
-                         capture_output=True, text=True, check=True).stdout.strip().splitlines()[-1]
+    alive = on_head("[[n['NodeID'], n['NodeManagerAddress']] for n in ray.nodes() if n['Alive']]")
     names = {v["ip"]: n for n, v in json.loads(nodes("status"))["nodes"].items()}
-    return [{"node_id": i, "name": names.get(ip, ip)} for i, ip in json.loads(out)]
+    return [{"node_id": i, "name": names.get(ip, ip)} for i, ip in alive]
 
 
 def trial_runs(client, parent_id: str) -> list:

@@ -17,7 +17,7 @@ import mlflow
 import requests
 
 from benchmarks.load import Bodies
-from benchmarks.multinode_cluster import REPO, mlflow_client, net, node_ids, nodes
+from benchmarks.multinode_cluster import REPO, mlflow_client, net, node_ids, nodes, on_head
 from embed_lib.config import AdapterConfig
 from embed_lib.data.tasks import load_task
 from embed_lib.pipeline.prepare import load_study
@@ -65,14 +65,11 @@ def load_main(seconds: float, out: str, concurrency: int = 8, n_sentences: int =
 
 def replicas_by_node() -> dict[str, list[str]]:
     """{node name: the Serve deployments with a live replica there} (asked from the head)."""
-    code = ("import json, ray; from ray.util.state import list_actors; ray.init(log_to_driver=False); "
-            "print(json.dumps([[a.class_name, a.node_id] for a in list_actors(filters=[('state', '=', 'ALIVE')]) "
-            "if a.class_name.startswith('ServeReplica')]))")
-    out = subprocess.run([sys.executable, str(REPO / "cluster" / "nodes.py"), "exec", "--", sys.executable, "-c", code],
-                         capture_output=True, text=True, check=True).stdout.strip().splitlines()[-1]
+    live = on_head("[[a.class_name, a.node_id] for a in ray.util.state.list_actors(filters=[('state', '=', 'ALIVE')])"
+                   " if a.class_name.startswith('ServeReplica')]", imports=", ray.util.state")
     ids = {n["node_id"]: n["name"] for n in node_ids()}
     found: dict[str, list[str]] = {}
-    for cls, node_id in json.loads(out):
+    for cls, node_id in live:
         found.setdefault(ids.get(node_id, node_id[:8]), []).append(cls.rsplit(":", 1)[-1])
     return found
 

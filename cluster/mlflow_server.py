@@ -22,8 +22,8 @@ def mlflow_server_argv(host: str, port: int, store: str, artifacts: str, state: 
     ini.write_text("[mlflow]\ndefault_permission = EDIT\n"
                    f"database_uri = sqlite:///{state / 'mlflow_auth.db'}\nadmin_username = embed\n"
                    "authorization_function = mlflow.server.auth:authenticate_request_basic_auth\n"
-                   # MLflow's credential cache: without it each request checks the password hash again, ~0.4 s of
-                   # CPU on this 2-core machine (a sweep's finish makes ~100 requests)
+                   # MLflow's credential cache: without it every request checks the password against its hash
+                   # again, a hash slow by design, and a sweep's driver makes hundreds of requests
                    "auth_cache_ttl_seconds = 600\n")
     if store.startswith("sqlite:///") and not os.path.exists(store[len("sqlite:///"):]):
         sh(str(VENV / "bin" / "python") if (VENV / "bin" / "python").exists() else sys.executable, "-c",

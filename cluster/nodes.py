@@ -273,6 +273,10 @@ def main() -> None:
     e = sub.add_parser("exec")
     e.add_argument("command", nargs=argparse.REMAINDER)
     args = p.parse_args()
+    if args.cmd in ("env", "isolation", "sockets", "kill-node", "add-worker", "remove-node", "exec") and \
+            not state().get("nodes"):
+        raise SystemExit(f"no cluster is running ({STATE / 'cluster.json'} names none): "
+                         "cluster/nodes.py start (or cluster/local.sh start --nodes N) first")
     commands = {"start": cmd_start, "stop": cmd_stop, "kill-node": cmd_kill_node, "add-worker": cmd_add_worker,
                 "remove-node": cmd_remove_node, "exec": cmd_exec, "mlflow-server": cmd_mlflow_server,
                 "status": cmd_status, "env": cmd_env,

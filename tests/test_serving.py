@@ -418,7 +418,7 @@ def test_moving_the_champion_switches_models_without_dropping_requests(served, e
 
 
 @pytest.mark.slow
-def test_an_ingress_replica_killed_under_load_is_replaced_and_the_service_keeps_answering(served):
+def test_an_ingress_replica_killed_under_load_is_replaced_and_the_service_keeps_answering(served, ray_cluster):
     """Chaos through the default ingress (HAProxy): a second application with two ingress replicas under a closed
     loop of 4 clients; one replica SIGKILLed. Failed requests are counted (a request in flight on the killed replica
     can fail); the other replica keeps answering, Serve starts a replacement, and HAProxy routes to it."""
@@ -430,7 +430,9 @@ def test_an_ingress_replica_killed_under_load_is_replaced_and_the_service_keeps_
     from serving.app import build_app
 
     def ingress_replicas():
-        return [a for a in list_actors(filters=[("state", "=", "ALIVE")], limit=1000)
+        # this cluster's dashboard: another cluster (the multi-node tests') may run on the machine meanwhile
+        return [a for a in list_actors(address=f"http://127.0.0.1:{ray_cluster['RAY_DASHBOARD_PORT']}",
+                                       filters=[("state", "=", "ALIVE")], limit=1000)
                 if a.class_name == "ServeReplica:chaos:Ingress"]
 
     serve.run(build_app({**served["args"], "max_inflight": 16, "ingress": {"min": 2, "max": 2, "num_cpus": 0.25},
@@ -461,10 +463,11 @@ def test_an_ingress_replica_killed_under_load_is_replaced_and_the_service_keeps_
             if len(alive) == 2 and victim.actor_id not in {a.actor_id for a in alive}:
                 replaced = time.time() - t_kill
         time.sleep(3)  # load on the replaced set
-    finally:
+    finally:  # never a replica left behind: it would hold CPUs the next tests' deployments need
         stop.set()
         for th in threads:
-            th.join()
+            if th.ident is not None:  # started
+                th.join()
         serve.delete("chaos")
     failed = [e for e in events if e[1] != 200]
     assert replaced is not None, "no replacement replica within 60 s"

@@ -252,3 +252,29 @@ def test_through_a_server_new_experiments_proxy_artifacts_and_one_with_a_local_p
         for k in client_env:
             os.environ.pop(k, None)
         stop()
+
+
+def test_an_experiment_tag_written_by_a_concurrent_sweep_is_kept_not_an_error(tmp_path, monkeypatch):
+    """Two sweeps open a new experiment together: both see it without its kind tag, and the store refuses the second
+    insert (seen on the multi-node cluster: "UNIQUE constraint failed: experiment_tags..."); set_experiment keeps the
+    tag the other one wrote. Any other error of the store is not swallowed."""
+    import mlflow
+
+    from embed_lib.tracking.runs import set_experiment
+
+    uri = f"sqlite:///{tmp_path / 'mlflow.db'}"
+    real = mlflow.MlflowClient.set_experiment_tag
+
+    def racing(self, experiment_id, key, value):
+        real(self, experiment_id, key, value)  # the other sweep's write
+        raise mlflow.exceptions.MlflowException("(sqlite3.IntegrityError) UNIQUE constraint failed: "
+                                                "experiment_tags.key, experiment_tags.experiment_id")
+
+    monkeypatch.setattr(mlflow.MlflowClient, "set_experiment_tag", racing)
+    experiment = set_experiment("raced", uri)
+    tags = mlflow.MlflowClient(uri).get_experiment(experiment.experiment_id).tags
+    assert tags["mlflow.experimentKind"] == "custom_model_development"
+    monkeypatch.setattr(mlflow.MlflowClient, "set_experiment_tag", lambda *a, **k: (_ for _ in ()).throw(
+        mlflow.exceptions.MlflowException("RESOURCE_DOES_NOT_EXIST")))
+    with pytest.raises(mlflow.exceptions.MlflowException, match="RESOURCE_DOES_NOT_EXIST"):
+        set_experiment("another", uri)

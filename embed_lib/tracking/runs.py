@@ -210,8 +210,15 @@ def set_experiment(name: str, tracking_uri: str | None = None):
     # to the UIs that read it; 3.17's UI follows its global GenAI / Model training switch, which the links
     # we print set (`ui_link`)
     if experiment.tags.get("mlflow.experimentKind") != "custom_model_development":
-        mlflow.MlflowClient(uri).set_experiment_tag(experiment.experiment_id, "mlflow.experimentKind",
-                                                    "custom_model_development")
+        client = mlflow.MlflowClient(uri)
+        try:
+            client.set_experiment_tag(experiment.experiment_id, "mlflow.experimentKind", "custom_model_development")
+        except mlflow.exceptions.MlflowException as exc:
+            # two sweeps opening a new experiment together: the other one's insert landed first (its check and insert
+            # are not atomic); what it wrote is what this one would have
+            tags = client.get_experiment(experiment.experiment_id).tags
+            if "UNIQUE constraint failed" not in str(exc) or tags.get("mlflow.experimentKind") is None:
+                raise
     return experiment
 
 
