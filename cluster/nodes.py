@@ -31,22 +31,17 @@ import os
 import pwd
 import shutil
 import signal
-import sys
 import time
 from pathlib import Path
 
-sys.path.insert(0, str(Path(__file__).resolve().parent))  # its sibling modules, as a script or loaded by path
-# ruff: noqa: E402
-from mlflow_server import cmd_mlflow_server, mlflow_server_argv, start_mlflow  # mlflow_server_argv: for the tests
+# its sibling modules: run as a script (local.sh, netns_provider.py, the tests), Python puts cluster/ on the path
+from mlflow_server import cmd_mlflow_server, start_mlflow
 from node_base import (BRIDGE, DASH_PORT, GCS_PORT, HEAD_IP, MLFLOW_PORT, NET, ROOT, STATE, TAG, VENV, WORKER_USER,
                        locked, mlflow_env, save, sh, state, token)
 from node_checks import (alive_nodes, grant_interpreter, isolation, lock_private, sockets, unlock_private,
                          wait_up)
 from node_net import (add_namespace, firewall_head, node_env, remove_namespace, session_pids, setup_bridge, spawn,
                       stop_session, worker_user)
-
-__all__ = ["main", "mlflow_server_argv"]
-
 
 # ---------------------------------------------------------------------------------------------------- the network
 
@@ -273,8 +268,9 @@ def main() -> None:
     e = sub.add_parser("exec")
     e.add_argument("command", nargs=argparse.REMAINDER)
     args = p.parse_args()
-    if args.cmd in ("env", "isolation", "sockets", "kill-node", "add-worker", "remove-node", "exec") and \
-            not state().get("nodes"):
+    st = state()
+    if (args.cmd == "env" and "dashboard" not in st) or (
+            args.cmd in ("isolation", "sockets", "kill-node", "add-worker", "remove-node", "exec") and not st.get("nodes")):
         raise SystemExit(f"no cluster is running ({STATE / 'cluster.json'} names none): "
                          "cluster/nodes.py start (or cluster/local.sh start --nodes N) first")
     commands = {"start": cmd_start, "stop": cmd_stop, "kill-node": cmd_kill_node, "add-worker": cmd_add_worker,

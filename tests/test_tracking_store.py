@@ -104,21 +104,19 @@ def test_a_sweep_with_an_unwritable_cache_stops_before_ray_or_mlflow_start(tmp_p
 
 
 def _mlflow_server(tmp_path, port: int):
-    """The cluster's MLflow server (cluster/nodes.py's recipe: basic auth with a token, proxied artifacts) on
-    127.0.0.1:`port`, in a session of its own; returns (start, stop, client environment)."""
-    import importlib.util
+    """The cluster's MLflow server on 127.0.0.1:`port` as a `ray up` head starts it (`cluster/nodes.py mlflow-server`:
+    basic auth with the cluster token, proxied artifacts), in a session of its own; returns (start, stop, client
+    environment)."""
     import signal
     import time
 
     import requests
 
-    spec = importlib.util.spec_from_file_location("cluster_nodes", REPO / "cluster" / "nodes.py")
-    nodes = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(nodes)
     (tmp_path / "token").write_text("s" * 64)
-    argv, env = nodes.mlflow_server_argv("127.0.0.1", port, f"sqlite:///{tmp_path / 'server.db'}",
-                                         str(tmp_path / "art"), tmp_path / "auth", tmp_path / "token")
-    argv[0] = str(Path(sys.executable).parent / "mlflow")
+    argv = [sys.executable, str(REPO / "cluster" / "nodes.py"), "mlflow-server", "--host", "127.0.0.1", "--port",
+            str(port), "--store", f"sqlite:///{tmp_path / 'server.db'}", "--artifacts", str(tmp_path / "art"),
+            "--state", str(tmp_path / "auth")]
+    env = {"RAY_AUTH_TOKEN_PATH": str(tmp_path / "token"), "PATH": f"{Path(sys.executable).parent}:{os.environ['PATH']}"}
     holder = []
 
     def start():
