@@ -88,6 +88,12 @@ while IFS='=' read -r key value; do
 done < <(grep -E '^[A-Z_][A-Z0-9_]*=' "$ROOT/cluster/serve.env")
 
 running() { [[ -f "$PIDFILE" ]] && kill -0 "$(cat "$PIDFILE")" 2>/dev/null; }
+# the HAProxy files of this cluster (a dir `start` made under /tmp/embhap-*), removed at stop and before a start
+drop_haproxy_dir() {
+  local dir; dir="$(cat "$STATE/haproxy.dir" 2>/dev/null || true)"
+  [[ "$dir" == /tmp/embhap-* ]] && rm -rf "$dir"
+  rm -f "$STATE/haproxy.dir"
+}
 
 case "${1:-}" in
   start)
@@ -102,10 +108,11 @@ case "${1:-}" in
     ensure_token
     # Serve's ingress: HAProxy (cluster/serve.env) with ports and files of this cluster's own (a short dir: Unix
     # sockets), its stats and metrics on loopback (cluster/haproxy-loopback); RAY_SERVE_ENABLE_HA_PROXY=0: the proxy
-    rm -rf "$(cat "$STATE/haproxy.dir" 2>/dev/null || echo /nonexistent)"
+    drop_haproxy_dir
     if [[ "${RAY_SERVE_ENABLE_HA_PROXY:-0}" == 1 ]]; then
       hap="$(mktemp -d /tmp/embhap-XXXXXX)"; echo "$hap" >"$STATE/haproxy.dir"
-      eval "$(python "$ROOT/serving/serve_env.py" haproxy "$hap")"
+      hap_env="$(python "$ROOT/serving/serve_env.py" haproxy "$hap")" || { rm -rf "$hap"; exit 2; }
+      eval "$hap_env"
       echo "haproxy" >"$STATE/ingress"
     else
       echo "proxy" >"$STATE/ingress"
@@ -147,7 +154,7 @@ case "${1:-}" in
         sleep 0.1
       done
       rm -f "$PIDFILE"
-      rm -rf "$(cat "$STATE/haproxy.dir" 2>/dev/null || echo /nonexistent)" "$STATE/haproxy.dir"
+      drop_haproxy_dir
       if [[ -n "$open" ]]; then echo "local Ray stopped, but port(s)$open still listen after 10 s" >&2; exit 1; fi
       echo "local Ray stopped (ports closed: ${ports:-none})"
     else

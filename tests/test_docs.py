@@ -135,7 +135,7 @@ def test_every_documented_block_runs_or_says_why_not(block, docs_env, request):
     doc, line, language, mark, code = block
     assert mark, f"{doc}:{line}: mark the block <!-- docs: run --> or <!-- docs: skip REASON --> on the line above"
     m = MARK.match(mark)
-    if m.group("reason"):
+    if m.group("reason"):  # a block marked as needing a service, a cluster or hours of training: said, with its reason
         pytest.skip(f"{doc}:{line}: {m.group('reason')}")
     if "with-champion" in mark:
         request.getfixturevalue("champion")
