@@ -76,8 +76,9 @@ def autoscale_phase(state: Path, sweep_args: list[str]) -> dict:
 
 
 def sweep_with_node_loss(state: Path, sweep_args: list[str], expected: int, kill: str | None = "w1") -> dict:
-    """The STS-B sweep submitted to the cluster; once a trial runs on node `kill`, that node is killed and a
-    replacement started. Figures from the MLflow server's trial runs and the job's outcome."""
+    """The STS-B sweep submitted to the cluster; once a trial runs on node `kill` ("any": the first worker node seen
+    running one; Ray, not we, places trials), that node is killed and a replacement started. Figures from the MLflow
+    server's trial runs and the job's outcome."""
     name = f"multinode-{time.strftime('%H%M%S')}"
     cmd = [str(REPO / "cluster" / "local.sh"), "submit", "--", "python", "sweeps/pair_residual.py", "--task", "stsb",
            "--gpus-per-trial", "0.25", "--max-concurrent", "2", "--name", name, "--experiment", "multinode", *sweep_args]
@@ -87,7 +88,8 @@ def sweep_with_node_loss(state: Path, sweep_args: list[str], expected: int, kill
     # the job's store is the cluster's MLflow server (local.sh submit names it): never a store of this process's
     env = {k: v for k, v in os.environ.items() if not k.startswith("MLFLOW_")}
     job = subprocess.Popen(cmd, stdout=log, stderr=subprocess.STDOUT, text=True, env=env)
-    client, parent, killed_at, replaced = mlflow_client(), None, None, None
+    client, parent, killed_at, killed, replaced = mlflow_client(), None, None, None, None
+    targets = {ip: n for n, ip in ips.items() if n != "head" and kill in ("any", n)}
     while job.poll() is None:
         time.sleep(0.3)
         if parent is None:
@@ -96,12 +98,15 @@ def sweep_with_node_loss(state: Path, sweep_args: list[str], expected: int, kill
             parent = runs[0].info.run_id if runs else None
             continue
         if killed_at is None and kill:
+            # a trial's run is opened on the node that runs it, tagged with its address: RUNNING there means in progress
             running = [r for r in trial_runs(client, parent) if r.info.status == "RUNNING"
-                       and r.data.tags.get("node_ip") == ips[kill] and r.data.metrics]
+                       and r.data.tags.get("node_ip") in targets]
             if running:
-                nodes("kill-node", kill)
+                killed = targets[running[0].data.tags["node_ip"]]
+                nodes("kill-node", killed)
                 killed_at = time.time() - t0
-                print(f"killed {kill} at {killed_at:.0f} s (trial {running[0].data.tags['trial_id']} ran there)", flush=True)
+                print(f"killed {killed} at {killed_at:.0f} s (trial {running[0].data.tags['trial_id']} ran there)",
+                      flush=True)
                 replaced = nodes("add-worker", "--cpus", "1", "--gpus", "1").strip()
     log.close()
     text = (state / "sweep.log").read_text()
@@ -123,9 +128,11 @@ def sweep_with_node_loss(state: Path, sweep_args: list[str], expected: int, kill
             "trials_by_node": by_node,
             "trials_by_node_id": {tid: h for tid, h in history.items()},
             "trials_retried": sum(len(h) > 1 for h in history.values()),
+            "trial_seconds": sorted(round(((r.info.end_time or r.info.start_time) - r.info.start_time) / 1000, 1)
+                                    for r in runs),
             "mlflow_running_after": sum(r.info.status == "RUNNING" for r in runs),
             "mlflow_duplicate_runs": len(trial_ids) - len(set(trial_ids)),
-            "node_killed_at_s": None if killed_at is None else round(killed_at, 1),
+            "node_killed": killed, "node_killed_at_s": None if killed_at is None else round(killed_at, 1),
             "replacement_node": replaced, "registered_name": outcome.get("registered_name"), "parent_run_id": parent}
 
 

@@ -91,8 +91,8 @@ def register_any(name: str = "pair-residual-stsb-limited") -> str:
 def serve_with_node_loss(state: Path, model: str, load_s: float, kill_at_s: float, kill: str,
                          n_sentences: int = 2000, settle_s: float = 20) -> dict:
     """serving/config_multinode.yaml with `model`@champion; a warm closed loop (c=8 x 32 pairs drawn from `n_sentences`
-    warmed sentences, `settle_s` unrecorded) from the head for `load_s` seconds; node `kill` killed at `kill_at_s` and a
-    replacement started."""
+    warmed sentences, `settle_s` unrecorded) from the head for `load_s` seconds; node `kill` ("any": a worker node
+    holding a replica) killed at `kill_at_s` and a replacement started."""
     config = state / "serve.yaml"
     config.write_text((REPO / "serving" / "config_multinode.yaml").read_text().replace(
         "models:/pair-residual-stsb@champion", f"models:/{model}@champion"))
@@ -100,6 +100,8 @@ def serve_with_node_loss(state: Path, model: str, load_s: float, kill_at_s: floa
     if deploy.returncode != 0:
         return {"serving": {"deployed": False, "error": (deploy.stdout + deploy.stderr)[-800:]}}
     before_kill = replicas_by_node()
+    if kill == "any":
+        kill = next((n for n in sorted(before_kill) if n != "head"), "w1")
     events_file = state / "events.json"
     load = subprocess.Popen([sys.executable, str(REPO / "cluster" / "nodes.py"), "exec", "--", sys.executable,
                              str(Path(__file__).resolve()), "_load", str(load_s), str(events_file), "8",

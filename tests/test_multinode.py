@@ -65,15 +65,18 @@ def test_two_sweeps_together_one_losing_a_worker_node_both_record_every_trial_on
                               "--name", "alongside", "--experiment", "multinode"],
                              env=env, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
     out = multinode.sweep_with_node_loss(state, ["--limit", "200", "--num-samples", "4", "--seeds", "2",
-                                                 "--epochs", "6", "--no-teacher"], expected=4, kill="w1")
+                                                 "--epochs", "6", "--no-teacher"], expected=4, kill="any")
+    print("sweep with node loss:", json.dumps({k: out[k] for k in ("node_killed", "node_killed_at_s", "trial_seconds",
+                                                                   "trials_by_node", "trials_retried")}))
     other_log = other.communicate(timeout=900)[0]
     assert out["sweep"]["job_succeeded"], (state / "sweep.log").read_text()[-3000:]
-    assert out["node_killed_at_s"] is not None  # a trial was running on w1 when it died
+    assert out["node_killed"] and out["node_killed_at_s"] is not None  # a trial was running there when it died
     assert out["trials_completed"] == out["trials_expected"] == 4
     assert out["mlflow_running_after"] == 0 and out["mlflow_duplicate_runs"] == 0
     # (not asserted: trials_retried >= 1. The kill can land between a trial's last report and its end, and then
     # nothing needs retrying: seen once in the suite, 0 retried with all 4 complete; the benchmark records the figure)
-    assert len([n for n in out["trials_by_node"] if n != "w1"]) >= 1 and sum(out["trials_by_node"].values()) == 4
+    assert len([n for n in out["trials_by_node"] if n != out["node_killed"]]) >= 1
+    assert sum(out["trials_by_node"].values()) == 4
     assert out["registered_name"] in (None, "pair-residual-stsb-limited")
     shared["model"] = out["registered_name"]
     # the sweep alongside: finished too, every trial recorded once, whichever node it lost
@@ -92,7 +95,7 @@ def test_a_service_on_worker_nodes_loses_one_under_load_and_keeps_answering(clus
     model = shared.get("model") or multinode.register_any()  # the sweep's winner, else (no winner on its small data)
     # a small adapter registered by hand through the cluster's MLflow server
     # (smaller than the benchmark's: 400 warm sentences, 5 s unrecorded, 36 s recorded with the kill at 12 s)
-    out = multinode.serve_with_node_loss(state, model, load_s=36, kill_at_s=12, kill="w2", n_sentences=400,
+    out = multinode.serve_with_node_loss(state, model, load_s=36, kill_at_s=12, kill="any", n_sentences=400,
                                          settle_s=5)
     assert out["serving"]["deployed"], out["serving"]
     replicas = out["serving"]["replicas_by_node_before"]
