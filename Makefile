@@ -20,7 +20,7 @@ TASK ?= stsb
 SWEEP_ARGS ?=
 MLFLOW_PORT ?= 5000
 
-.PHONY: venv constraints run sweep smoke serve serve-cascade teacher frontier backends cluster-start cluster-stop cluster-tools mlflow-ui baseline study retrieval test test-no-mirror fuzz bench chaos clean
+.PHONY: venv constraints run sweep smoke serve serve-cascade teacher frontier backends cluster-start cluster-stop cluster-tools mlflow-ui baseline study retrieval test test-no-mirror fuzz bench first-run chaos clean
 
 venv: $(STAMP)
 $(STAMP): pyproject.toml constraints.txt
@@ -139,6 +139,11 @@ frontier: venv
 ## torch vs ONNX Runtime fp32 / int8 for the encoder and the cross-encoder -> results/benchmarks/backends.json
 backends: venv
 	$(BIN)/python benchmarks/backends.py
+
+## the first make run of a newcomer, on two fresh clones beside this one, timed by stage (~70 min on 2 cores; commit
+## first: a clone takes HEAD) -> results/benchmarks/first_run.json
+first-run: venv
+	$(BIN)/python benchmarks/first_run.py --runs 2
 
 ## fault injection: a trial worker and a Serve replica killed mid-run (results/benchmarks/chaos.json)
 chaos: venv

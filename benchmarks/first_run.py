@@ -1,6 +1,6 @@
 """The first `make run` of a newcomer, timed on fresh clones: venv, cluster, encoding, teacher, trials, registration.
 
-    .venv/bin/python benchmarks/first_run.py [--runs 2] [--keep]
+    .venv/bin/python benchmarks/first_run.py [--runs 2] [--keep]      (make first-run)
 
 Each run clones this repository's HEAD (commit first: local changes are not in a clone) beside it, so that the data
 mirror at ../shared/data is found as a user's clone finds it, and runs `make run` there with nothing cached: no venv
