@@ -51,7 +51,8 @@ def _store_figures(clone: Path) -> dict:
     seeds = int(float(winner.data.params.get("n_seeds", 0) or 0)) or None
     transfer = {k.split("/")[1]: v for k, v in m.items() if k.startswith("transfer/") and k.endswith("/delta_min")}
     stage = teacher.get("intermediate") or {}
-    return {"teacher": {"preset": teacher.get("preset"), "threads": teacher.get("threads"), "seconds": teacher.get("seconds"),
+    return {"teacher": {"preset": teacher.get("preset"), "threads": teacher.get("threads"),
+                        "seconds": teacher.get("seconds"),
                         "stage_s": stage.get("seconds"), "stage_pairs": stage.get("pairs"),
                         "folds_s": [f["seconds"] for f in teacher.get("folds", [])],
                         "val": teacher.get("validation_spearman"), "test": teacher.get("test_spearman")},
@@ -89,7 +90,8 @@ def one_run(i: int, keep: bool) -> dict:
                 "teacher_stage": teacher["stage_s"], "teacher_folds": round(sum(teacher["folds_s"]), 1),
                 "trials": stages.get("trials_s"),
                 "winner_and_registry": round(job - stages.get("precompute_s", 0.0) - stages.get("trials_s", 0.0), 1)}
-    return {"commit": commit, "cpu_model": cpu_model(), "cpus": os.cpu_count(), "wall_s": wall, "wall_s_by_stage": by_stage,
+    return {"commit": commit, "cpu_model": cpu_model(), "cpus": os.cpu_count(), "wall_s": wall,
+            "wall_s_by_stage": by_stage,
             "teacher_test": teacher["test"], "teacher_val": teacher["val"], **figures,
             "job_succeeded": "SUCCEEDED" in text, "log": str(log),
             "winner_line": next((ln for ln in text.splitlines() if re.match(r"\s*winner \w+ \(", ln)), None)}
