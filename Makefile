@@ -64,7 +64,7 @@ serve: venv
 ## the teacher as a served cross-encoder: one model on all of $(TASK)'s train split, registered in MLflow as
 ## models:/cross-encoder-$(TASK)@current (about 5 min on 2 cores for STS-B once make run has trained its teacher)
 teacher: venv
-	$(BIN)/python -m embed_lib teacher --task $(TASK) --teacher-preset light
+	$(BIN)/python -m embed_lib teacher --task $(TASK) --teacher-preset fast
 
 ## the champion with the difficulty-routed cascade (serving/config_cascade.yaml); needs make run and make teacher
 serve-cascade: venv

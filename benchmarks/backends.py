@@ -2,8 +2,8 @@
 
 In one run, on the same texts and threads: (a) the frozen encoder (all-MiniLM-L6-v2) on STS-B test's
 distinct sentences: sentences/s and the frozen cosine's Spearman on STS-B test per backend; (b) the
-cross-encoder (the served STS-B teacher of `python -m embed_lib teacher --task stsb --teacher-preset
-light`, else a MiniLM cross-encoder with an untrained head, quality then not meaningful) on STS-B
+cross-encoder (the served STS-B teacher of `make teacher`, fast recipe, or of `python -m embed_lib teacher
+--task stsb --teacher-preset light`, else a MiniLM cross-encoder with an untrained head, quality then not meaningful) on STS-B
 test's pairs: pairs/s and Spearman. Each backend is timed `--repeats` times, interleaved, median kept.
 
     python benchmarks/backends.py [--repeats 3] [--threads 2]
@@ -76,8 +76,12 @@ def _cross_encoders(test, repeats: int, ce_path: str) -> dict:
 
 
 def _served_teacher_dir() -> str | None:
-    folder = served_dir(teacher_preset("light"), load_splits("stsb", SPLITS))
-    return str(folder) if (folder / "teacher.json").is_file() else None
+    splits = load_splits("stsb", SPLITS)
+    for preset in ("fast", "light"):  # make teacher's recipe, then the one it had before
+        folder = served_dir(teacher_preset(preset), splits)
+        if (folder / "teacher.json").is_file():
+            return str(folder)
+    return None
 
 
 def main() -> None:
@@ -90,8 +94,8 @@ def main() -> None:
     test = load_task("stsb", "test")
     ce_path = _served_teacher_dir()
     if ce_path is None:
-        raise SystemExit("No served STS-B teacher yet: run `python -m embed_lib teacher --task stsb --teacher-preset "
-                         "light --no-mlflow` first (the cross-encoder's quality is measured on it).")
+        raise SystemExit("No served STS-B teacher yet: run `make teacher` (or `python -m embed_lib teacher --task stsb "
+                         "--teacher-preset fast --no-mlflow`) first (the cross-encoder's quality is measured on it).")
     enc = _encoders(test, args.repeats)
     ce = _cross_encoders(test, args.repeats, ce_path)
     e, c = enc["rows"], ce["rows"]

@@ -185,7 +185,9 @@ def main() -> None:
     ap.add_argument("--tasks", default="stsb,qqp")
     ap.add_argument("--seconds", type=float, default=6.0, help="per throughput point (default 6)")
     ap.add_argument("--backend", default="torch", help="the served cross-encoder's backend (torch, onnx, onnx-int8)")
-    ap.add_argument("--teacher-preset", default="light", help="the teacher recipe (default light, as make run)")
+    ap.add_argument("--teacher-preset", default="light",
+                    help="the teacher recipe (default light, the recipe of the recorded figures; make run's and make "
+                         "teacher's is fast)")
     ap.add_argument("--no-serve", action="store_true", help="quality only (no throughput through Serve)")
     ap.add_argument("--direct-ingress", action="store_true",
                     help="Ray Serve's direct ingress: the load goes to the ingress replica's own HTTP port (no proxy "

@@ -70,6 +70,16 @@ def driver_threads() -> int:
         return max(1, os.cpu_count() or 1)
 
 
+def encode_workers(requested: int, use_gpu: bool) -> int:
+    """--encode-workers: as given, or for 0 one actor per CPU of the cluster (per GPU where the encoders take GPUs),
+    at most 4: no trial runs while they encode, and each holds its own copy of the encoder."""
+    if requested < 0:
+        raise ValueError(f"--encode-workers={requested}; give 0 (one per CPU of the cluster, at most 4) or more.")
+    if requested:
+        return requested
+    return max(1, min(4, int(ray.cluster_resources().get("GPU" if use_gpu else "CPU", 1))))
+
+
 def _precompute_all(args, cache_dir: Path, limit: int | None, transfer: list[str]):
     """{tau_attn: StudyData} and the teacher record, each computed once before any trial."""
     teacher = teacher_config(args)
@@ -78,17 +88,20 @@ def _precompute_all(args, cache_dir: Path, limit: int | None, transfer: list[str
         teacher = dataclasses.replace(teacher, max_length=64, epochs=1, early_stopping_fraction=0.0, intermediate="")
     if teacher is not None:
         preset = preset_of(teacher)
-        note = " -- lighter than the study's 'strong' recipe, to fit a first run on 2 CPU cores" if preset == "light" else ""
+        note = (" -- lighter than the study's 'strong' recipe, to fit a first run on 2 CPU cores"
+                if preset in ("fast", "light") else "")
         print(f"teacher: {args.teacher}, '{preset}' recipe ({teacher.folds} folds x <= {teacher.epochs} epochs){note}",
               flush=True)
     studies, record = {}, None
 
     threads = torch.get_num_threads()
     torch.set_num_threads(driver_threads())  # no trial runs yet: the teacher may use every core of this node
+    gpu = args.gpus_per_trial > 0 or ray.cluster_resources().get("GPU", 0) >= 1  # as precompute decides
+    workers = encode_workers(args.encode_workers, gpu)
     try:
         for tau in [float(t) for t in args.tau_attn_values.split(",")]:
             studies[tau], record = precompute(args.task, encoder_config(args, tau_attn=tau), teacher,
-                                              args.data_dir, str(cache_dir), limit, args.encode_workers,
+                                              args.data_dir, str(cache_dir), limit, workers,
                                               transfer=transfer, progress=teacher_progress(args.task),
                                               use_gpu=True if args.gpus_per_trial > 0 else None)
     finally:

@@ -46,7 +46,7 @@ def add_sweep_args(p, *, default_samples: int) -> None:
     p.add_argument("--tau-attn-values", default="1.0",
                    help="comma list of encoder attention temperatures offered to the search (each one is "
                         "precomputed; default 1.0)")
-    add_teacher_flags(p, default_preset="light")
+    add_teacher_flags(p, default_preset="fast")
     p.add_argument("--transfer", default="others",
                    help="do-no-harm checks: comma list of tasks whose validation pairs (those sharing no sentence "
                         "with the sweep's train split) every trial is scored on; qqp's duplicates are also a "
@@ -75,8 +75,9 @@ def add_sweep_args(p, *, default_samples: int) -> None:
     p.add_argument("--name", default=None, help="sweep name (default <script>-<task>); --resume continues it")
     p.add_argument("--resume", action="store_true", help="continue an interrupted sweep of the same --name")
     add_data_flags(p)
-    p.add_argument("--encode-workers", type=int, default=1,
-                   help="Ray actors that encode sentences before the trials (one GPU each on GPU clusters)")
+    p.add_argument("--encode-workers", type=int, default=0,
+                   help="Ray actors that encode sentences before the trials, one CPU (GPU clusters: one GPU) each; "
+                        "0 (default): one per CPU (GPU) of the cluster, at most 4")
     p.add_argument("--epochs", type=int, default=None, help="fix the epochs instead of searching them")
     p.add_argument("--limit", type=int, default=None,
                    help="first N pairs of every split; the winner registers as pair-residual-<task>-limited, never "

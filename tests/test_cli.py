@@ -41,10 +41,13 @@ def test_teacher_preset_flags_name_the_preset_and_the_fix():
     args = build_parser().parse_args(["train", "--task", "mrpc", "--teacher-preset", "light", "--teacher-folds", "4"])
     cfg = teacher_config(args)
     assert (cfg.folds, cfg.epochs, cfg.early_stopping_fraction) == (4, 1, 0.0)  # preset, then the override
-    with pytest.raises(ValueError, match=r"unknown preset 'huge'. Valid presets: \['light', 'strong'\]"):
+    with pytest.raises(ValueError, match=r"unknown preset 'huge'. Valid presets: \['fast', 'light', 'strong'\]"):
         preset_for("stsb=huge", "stsb")
     args = build_parser().parse_args(["train", "--task", "stsb", "--teacher-intermediate", "others"])
     assert teacher_config(args).intermediate == "others"
+    args = build_parser().parse_args(["train", "--task", "stsb", "--teacher-preset", "strong",
+                                      "--teacher-precision", "bf16"])
+    assert teacher_config(args).precision == "bf16"
 
 
 def test_teacher_summary_names_the_intermediate_stage():

@@ -83,3 +83,18 @@ def test_the_sweep_driver_uses_every_core_it_may_run_on(monkeypatch):
     assert driver_threads() == len(os.sched_getaffinity(0))
     monkeypatch.setenv("EMBED_DRIVER_THREADS", "3")
     assert driver_threads() == 3
+
+
+def test_encoding_takes_one_actor_per_cpu_of_the_cluster_at_most_four(monkeypatch):
+    """--encode-workers 0: the encoders run before any trial, so one actor per CPU (a single actor of one thread
+    left one of two cores idle for the whole encoding); per GPU on GPU clusters; capped, as each holds a model."""
+    import sweeps.cli as cli
+
+    resources = {"CPU": 2.0}
+    monkeypatch.setattr(cli.ray, "cluster_resources", lambda: resources)
+    assert cli.encode_workers(0, use_gpu=False) == 2
+    assert cli.encode_workers(3, use_gpu=False) == 3  # asked for: as given
+    resources.update(CPU=64.0, GPU=1.0)
+    assert cli.encode_workers(0, use_gpu=False) == 4 and cli.encode_workers(0, use_gpu=True) == 1
+    with pytest.raises(ValueError, match=r"--encode-workers=-1; give 0 \(one per CPU of the cluster, at most 4\)"):
+        cli.encode_workers(-1, use_gpu=False)

@@ -145,10 +145,16 @@ def test_presets():
     assert TC.preset_of(TC.teacher_preset("strong")) == "strong"
     assert TC.preset_of(TC.teacher_preset("light", model="minilm")) == "light"
     assert TC.teacher_preset("light").epochs == 1
+    fast = TC.teacher_preset("fast")
+    assert TC.preset_of(fast) == "fast" and TC.preset_of(TC.teacher_preset("light")) == "light"  # not one another
+    assert (fast.precision, fast.freeze_embeddings) == ("bf16", True)
+    assert {k: v for k, v in dataclasses.asdict(fast).items() if k not in TC.LATER_FIELDS} == {
+        k: v for k, v in dataclasses.asdict(TC.teacher_preset("light")).items() if k not in TC.LATER_FIELDS}
     assert TC.teacher_preset("light").intermediate == TC.teacher_preset("strong").intermediate == "others"
     assert TC.teacher_preset("light", intermediate="").intermediate == ""  # a stage can be switched off
     assert TC.teacher_preset("strong", model="x", pretrained=True).intermediate == ""  # nothing to train
-    with pytest.raises(ValueError, match=r"Unknown teacher preset 'huge'. Valid presets: \['light', 'strong'\]"):
+    with pytest.raises(ValueError, match=r"Unknown teacher preset 'huge'. Valid presets: "
+                                         r"\['fast', 'light', 'strong'\]"):
         TC.teacher_preset("huge")
 
 
@@ -220,10 +226,69 @@ def test_intermediate_stage_rules_and_keys(tiny_splits, tmp_path):
     assert with_stage != teacher_key(TeacherConfig(intermediate="others", intermediate_pairs=500), tiny_splits)
     assert with_stage == teacher_key(TeacherConfig(intermediate="paws,mrpc,qqp"), tiny_splits)
     # a teacher without the stage keeps the key it had before the stage existed (its cache stays valid)
-    old = {k: v for k, v in dataclasses.asdict(TINY).items() if not k.startswith("intermediate")}
+    # and so does one that leaves the fields added later (precision, freeze_embeddings) at their defaults
+    old = {k: v for k, v in dataclasses.asdict(TINY).items()
+           if not k.startswith("intermediate") and k not in TC.LATER_FIELDS}
     blob = json.dumps({"teacher": old, "version": 2, "data": {k: v.fingerprint for k, v in sorted(tiny_splits.items())}},
                       sort_keys=True)
     assert teacher_key(TINY, tiny_splits) == hashlib.sha256(blob.encode()).hexdigest()[:20]
+
+
+def test_later_fields_enter_the_keys_only_when_set(tiny_splits):
+    bf16, frozen = dataclasses.replace(TINY, precision="bf16"), dataclasses.replace(TINY, freeze_embeddings=True)
+    assert len({teacher_key(c, tiny_splits) for c in (TINY, bf16, frozen)}) == 3
+    staged = TeacherConfig(intermediate="others")
+    stage_keys = {I.stage_key(c, tiny_splits["train"]) for c in
+                  (staged, dataclasses.replace(staged, precision="bf16"),
+                   dataclasses.replace(staged, freeze_embeddings=True))}
+    assert len(stage_keys) == 3  # a stage trained in bf16 or with frozen embeddings is another stage
+    # the stage trains one epoch on one order, whatever the folds' epochs: the same stage
+    assert I.stage_key(dataclasses.replace(staged, epochs=3), tiny_splits["train"]) == I.stage_key(
+        staged, tiny_splits["train"])
+    with pytest.raises(ValueError, match=r"TeacherConfig.precision='fp16'; give one of \['fp32', 'bf16'\]"):
+        TeacherConfig(precision="fp16")
+
+
+def _fit_tiny(tiny_splits, cfg):
+    ce = T._load(cfg, "cpu", None)
+    train = tiny_splits["train"]
+    torch.manual_seed(0)
+    torch.nn.init.normal_(ce.model.classifier.weight, std=0.02)  # the same fresh head for every call
+    torch.nn.init.zeros_(ce.model.classifier.bias)
+    before = {n: p.detach().clone() for n, p in ce.model.named_parameters()}
+    curve = recipe.fit(ce, T._pairs(train), train.label, cfg, seed=0)
+    return ce, before, curve
+
+
+def test_frozen_embeddings_stay_as_the_backbone_has_them_and_the_rest_trains(tiny_splits):
+    cfg = TeacherConfig(epochs=1, batch_size=8, max_length=32, both_orders=False, early_stopping_fraction=0.0,
+                        freeze_embeddings=True)
+    ce, before, _ = _fit_tiny(tiny_splits, cfg)
+    table = ce.model.get_input_embeddings().weight
+    name = next(n for n, p in ce.model.named_parameters() if p is table)
+    assert torch.equal(table, before[name])
+    changed = [n for n, p in ce.model.named_parameters() if not torch.equal(p, before[n])]
+    assert any("encoder.layer.0." in n for n in changed) and any("classifier" in n for n in changed)
+    assert name not in changed
+
+
+def test_bf16_trains_in_bf16_where_the_device_has_it_and_in_fp32_where_not(tiny_splits, monkeypatch, caplog):
+    cfg = TeacherConfig(epochs=1, batch_size=8, max_length=32, both_orders=False, early_stopping_fraction=0.0)
+    bf16 = dataclasses.replace(cfg, precision="bf16")
+    monkeypatch.setattr(recipe, "_cpu_has_bf16", lambda: False)
+    assert recipe.effective_precision(bf16, torch.device("cpu")) == "fp32"
+    with caplog.at_level("WARNING", logger=recipe.__name__):
+        ce_fallback, _, curve = _fit_tiny(tiny_splits, bf16)
+    assert curve[0]["precision"] == "fp32" and "asks for bf16 training" in caplog.text
+    ce_fp32, _, curve = _fit_tiny(tiny_splits, cfg)
+    assert curve[0]["precision"] == "fp32"
+    body = lambda ce: next(p for n, p in ce.model.named_parameters() if "encoder.layer.5." in n)  # noqa: E731
+    assert torch.equal(body(ce_fallback), body(ce_fp32))  # the fallback is the fp32 recipe, bit for bit
+    monkeypatch.setattr(recipe, "_cpu_has_bf16", lambda: True)  # bf16 emulated where the CPU lacks it: slow, valid
+    ce_bf16, _, curve = _fit_tiny(tiny_splits, bf16)
+    assert curve[0]["precision"] == "bf16"
+    assert not torch.equal(body(ce_bf16), body(ce_fp32))  # autocast took effect
+    assert body(ce_bf16).dtype == torch.float32  # the weights stay fp32
 
 
 def test_a_real_intermediate_stage_round_trips_through_its_folder(tiny_splits, tmp_path):

@@ -22,7 +22,7 @@ import sys
 from embed_lib.config import BACKENDS, AdapterConfig, EncoderConfig
 from embed_lib.data.custom_tasks import CustomTask, register
 from embed_lib.data.tasks import CUSTOM, SPLITS, task_names
-from embed_lib.teacher.config import PRESETS, TeacherConfig, teacher_preset
+from embed_lib.teacher.config import PRECISIONS, PRESETS, TeacherConfig, teacher_preset
 
 
 def skip_exit_collection() -> None:
@@ -107,6 +107,8 @@ def add_teacher_flags(p: argparse.ArgumentParser, default_preset: str = "strong"
     for name, kind in (("lr", float), ("max_length", int)):
         p.add_argument(f"--teacher-{name.replace('_', '-')}", type=kind, default=None,
                        help=f"{docs[name]} (default {getattr(d, name)!r})")
+    p.add_argument("--teacher-precision", choices=PRECISIONS, default=None,
+                   help=f"{docs['precision']} (default: the preset's)")
     p.add_argument("--teacher-intermediate", default=None, metavar="TASKS",
                    help=f"{docs['intermediate']} (default: the preset's, {PRESETS[default_preset]['intermediate']!r}; "
                         "'' for none)")
@@ -131,7 +133,8 @@ def teacher_config(args: argparse.Namespace, task: str | None = None):
         return None
     overrides = {k: v for k, v in (("folds", args.teacher_folds), ("epochs", args.teacher_epochs),
                                    ("lr", args.teacher_lr), ("max_length", args.teacher_max_length),
-                                   ("intermediate", args.teacher_intermediate))
+                                   ("intermediate", args.teacher_intermediate),
+                                   ("precision", args.teacher_precision))
                  if v is not None}
     preset = preset_for(args.teacher_preset, task or getattr(args, "task", ""),
                         getattr(args, "teacher_preset_default", "strong"))
@@ -170,6 +173,7 @@ def teacher_summary(record: dict) -> str:
     q = record.get("quality", {})
     parts = [f"teacher {record['config']['model']} ({record.get('preset', 'custom')} recipe, "
              f"{record['config']['folds']} folds x <= {record['config']['epochs']} epochs"
+             + (f", {record['precision']}" if record.get("precision", "fp32") != "fp32" else "")
              + (f", from an intermediate stage on {', '.join(stage['tasks'])} ({stage['pairs']} pairs, "
                 f"{stage['seconds']:.0f}s)" if (stage := record.get("intermediate")) else "") + "): "]
     for split in ("validation", "test"):

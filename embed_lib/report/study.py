@@ -147,7 +147,9 @@ def study_markdown(task: str, data: StudyData, results: list[tuple[str, GroupRes
                           for f in teacher.get("folds", []))
         corr = ", ".join(f"{k} {v['error_correlation']:.3f}" for k, v in q.items())
         lines.append(f"Teacher: {c['model']}, {teacher.get('preset', 'custom')} recipe ({c.get('folds')} folds x <= "
-                     f"{c.get('epochs')} epochs, lr {c.get('lr')}, both orders {c.get('both_orders')}); out-of-fold "
+                     f"{c.get('epochs')} epochs, lr {c.get('lr')}, both orders {c.get('both_orders')}"
+                     + (f", {teacher['precision']}" if teacher.get("precision", "fp32") != "fp32" else "")
+                     + "); out-of-fold "
                      f"train Spearman {teacher['train_spearman']:.4f}; fold models' validation Spearman {folds}; "
                      f"rank-error correlation with the frozen cosine: {corr}; {teacher['seconds']:.0f}s once "
                      f"({teacher.get('train_pairs_per_s')} training pairs/s).")

@@ -89,6 +89,7 @@ def served_teacher(splits: Mapping[str, PairData], cfg: TeacherConfig, s0: Mappi
                        f"{cfg.early_stopping_fraction:.0%} of train held out for early stopping"
                        if cfg.early_stopping_fraction else "no early stopping")),
         "both_orders": cfg.both_orders, "max_length": cfg.max_length, "intermediate": stage, "curve": curve,
+        "precision": recipe.effective_precision(cfg, torch.device(device)),
         "fit_seconds": round(fit_seconds, 1),
         "predict_pairs_per_s": round((len(val) + len(test)) / max(predict_s, 1e-9), 1),
         "calibration": {"logit": _quantiles(scores["validation"]), "cosine": _quantiles(s0["validation"])}}

@@ -8,7 +8,8 @@ has (`results/study_notes.md`: one model on all of STS-B train, test 0.818 -> 0.
 What it may read, so that the teacher's held-out scores stay held out: only the *train* split of each
 intermediate task, and never the teacher's own task (its train pairs are the folds' held-out pairs). The
 stage is cached under <cache>/teacher/intermediate/<key>/, keyed by the backbone, the recipe and the
-intermediate data's fingerprints, and shared by every fold, both presets and the served teacher of a task.
+intermediate data's fingerprints, and shared by every fold, by presets of the same stage recipe (light and strong;
+fast trains its own in bf16) and by the served teacher of a task.
 """
 from __future__ import annotations
 
@@ -25,7 +26,7 @@ import numpy as np
 
 from embed_lib.data.tasks import PairData, default_data_dir, load_task, task_names
 from embed_lib.teacher import recipe
-from embed_lib.teacher.config import OTHERS
+from embed_lib.teacher.config import LATER_FIELDS, OTHERS
 
 if TYPE_CHECKING:
     from embed_lib.teacher.config import TeacherConfig
@@ -83,7 +84,8 @@ def stage_key(cfg: TeacherConfig, split: PairData) -> str | None:
         return None
     recipe = dataclasses.asdict(stage_config(cfg))
     recipe = {k: recipe[k] for k in ("model", "lr", "warmup", "weight_decay", "grad_clip", "batch_size",
-                                     "max_length", "length_buckets", "seed", "intermediate_pairs")}
+                                     "max_length", "length_buckets", "seed", "intermediate_pairs")
+              + tuple(name for name in ("precision", "freeze_embeddings") if recipe[name] != LATER_FIELDS[name])}
     prints = {t: d.fingerprint for t, d in _splits(cfg, split).items()}
     blob = json.dumps({"recipe": recipe, "data": prints, "version": 1}, sort_keys=True)
     return hashlib.sha256(blob.encode()).hexdigest()[:20]

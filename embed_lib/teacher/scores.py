@@ -37,7 +37,7 @@ from embed_lib.config import default_cache_dir
 from embed_lib.data.tasks import PairData
 from embed_lib.encoding.weights import resolve_model
 from embed_lib.teacher import recipe
-from embed_lib.teacher.config import TeacherConfig, preset_of
+from embed_lib.teacher.config import LATER_FIELDS, TeacherConfig, preset_of
 from embed_lib.teacher.intermediate import stage_key, warm_start
 from embed_lib.training.signals import rank_normalise
 
@@ -74,6 +74,9 @@ def teacher_key(cfg: TeacherConfig, splits: Mapping[str, PairData]) -> str:
     # the stage enters as its own key (its tasks, however spelled, their data and its recipe); teachers without
     # a stage keep the keys (and caches) they had before stages existed
     del config["intermediate"], config["intermediate_pairs"]
+    for name, default in LATER_FIELDS.items():
+        if config[name] == default:
+            del config[name]
     if cfg.intermediate:
         config["intermediate_key"] = stage_key(cfg, splits["train"])
     blob = json.dumps({"teacher": config, "version": 2,
@@ -170,7 +173,7 @@ def teacher_scores(splits: Mapping[str, PairData], cfg: TeacherConfig | None = N
     t0 = time.perf_counter()
     record: dict[str, Any] = {"key": key, "config": dataclasses.asdict(cfg), "preset": preset_of(cfg),
                               "task": splits["train"].task, "device": device, "threads": torch.get_num_threads(),
-                              "folds": []}
+                              "precision": recipe.effective_precision(cfg, torch.device(device)), "folds": []}
     if cfg.pretrained:
         ce = _load(cfg, device)
         scores = {name: recipe.predict(ce, _pairs(d), cfg) for name, d in splits.items()}
