@@ -51,7 +51,8 @@ def _store_figures(clone: Path) -> dict:
     seeds = int(float(winner.data.params.get("n_seeds", 0) or 0)) or None
     transfer = {k.split("/")[1]: v for k, v in m.items() if k.startswith("transfer/") and k.endswith("/delta_min")}
     stage = teacher.get("intermediate") or {}
-    return {"teacher": {"preset": teacher.get("preset"), "threads": teacher.get("threads"),
+    return {"teacher": {"preset": teacher.get("preset"), "precision": teacher.get("precision", "fp32"),
+                        "threads": teacher.get("threads"),
                         "seconds": teacher.get("seconds"),
                         "stage_s": stage.get("seconds"), "stage_pairs": stage.get("pairs"),
                         "folds_s": [f["seconds"] for f in teacher.get("folds", [])],
