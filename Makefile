@@ -134,13 +134,13 @@ bench: venv
 
 ## the cascade's quality-cost frontier (STS-B and QQP) -> results/benchmarks/cascade_frontier.{json,png}
 frontier: venv
-	$(BIN)/python benchmarks/cascade_frontier.py
+	$(BIN)/python benchmarks/cascade_frontier.py --teacher-preset fast
 
 ## torch vs ONNX Runtime fp32 / int8 for the encoder and the cross-encoder -> results/benchmarks/backends.json
 backends: venv
 	$(BIN)/python benchmarks/backends.py
 
-## the first make run of a newcomer, on two fresh clones beside this one, timed by stage (~70 min on 2 cores; commit
+## the first make run of a newcomer, on two fresh clones beside this one, timed by stage (~45 min on 2 cores; commit
 ## first: a clone takes HEAD) -> results/benchmarks/first_run.json
 first-run: venv
 	$(BIN)/python benchmarks/first_run.py --runs 2

@@ -116,6 +116,18 @@ def effective_precision(cfg: TeacherConfig, device: torch.device) -> str:
     return "bf16" if native else "fp32"
 
 
+def _prepare(ce, cfg: TeacherConfig) -> tuple[str, Callable[[], Any]]:
+    """Freezes the word embeddings when cfg asks; (the precision training runs in, its autocast context)."""
+    if cfg.freeze_embeddings:
+        ce.model.get_input_embeddings().weight.requires_grad_(False)
+    precision = effective_precision(cfg, ce.device)
+    if precision != cfg.precision:
+        log.warning("The teacher's recipe asks for %s training and %s does not compute it natively: training in %s.",
+                    cfg.precision, ce.device, precision)
+    return precision, functools.partial(torch.autocast, ce.device.type, dtype=torch.bfloat16,
+                                        enabled=precision == "bf16")
+
+
 def _fit_epochs(ce, pairs, y, cfg, g: np.random.Generator, es_pairs, es_y, progress) -> list[dict[str, float]]:
     if cfg.both_orders:
         pairs = pairs + [[b, a] for a, b in pairs]
@@ -123,13 +135,7 @@ def _fit_epochs(ce, pairs, y, cfg, g: np.random.Generator, es_pairs, es_y, progr
     lengths = np.array([len(a) + len(b) for a, b in pairs])
     yt = torch.as_tensor(y, dtype=torch.float32)
     model = ce.model
-    if cfg.freeze_embeddings:
-        model.get_input_embeddings().weight.requires_grad_(False)
-    precision = effective_precision(cfg, ce.device)
-    if precision != cfg.precision:
-        log.warning("The teacher's recipe asks for %s training and %s does not compute it natively: training in %s.",
-                    cfg.precision, ce.device, precision)
-    autocast = functools.partial(torch.autocast, ce.device.type, dtype=torch.bfloat16, enabled=precision == "bf16")
+    precision, autocast = _prepare(ce, cfg)
     opt = torch.optim.AdamW(param_groups(model, cfg.weight_decay), lr=cfg.lr)
     steps_per_epoch = math.ceil(len(pairs) / cfg.batch_size)
     sched = warmup_then_decay(opt, steps_per_epoch * cfg.epochs, cfg.warmup)
