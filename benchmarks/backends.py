@@ -4,7 +4,8 @@ In one run, on the same texts and threads: (a) the frozen encoder (all-MiniLM-L6
 distinct sentences: sentences/s and the frozen cosine's Spearman on STS-B test per backend; (b) the
 cross-encoder (the served STS-B teacher of `make teacher`, fast recipe, or of `python -m embed_lib teacher
 --task stsb --teacher-preset light`, else a MiniLM cross-encoder with an untrained head, quality then not
-meaningful) on STS-B test's pairs: pairs/s and Spearman. Each backend is timed `--repeats` times, interleaved, median kept.
+meaningful) on STS-B test's pairs: pairs/s and Spearman. Each backend is timed `--repeats` times, interleaved,
+median kept.
 
     python benchmarks/backends.py [--repeats 3] [--threads 2]
 
