@@ -96,14 +96,14 @@ def _precompute_all(args, cache_dir: Path, limit: int | None, transfer: list[str
 
     threads = torch.get_num_threads()
     torch.set_num_threads(driver_threads())  # no trial runs yet: the teacher may use every core of this node
-    gpu = args.gpus_per_trial > 0 or ray.cluster_resources().get("GPU", 0) >= 1  # as precompute decides
+    gpu = args.gpus_per_trial > 0 or ray.cluster_resources().get("GPU", 0) >= 1  # encoders and teacher on GPUs
     workers = encode_workers(args.encode_workers, gpu)
     try:
         for tau in [float(t) for t in args.tau_attn_values.split(",")]:
             studies[tau], record = precompute(args.task, encoder_config(args, tau_attn=tau), teacher,
                                               args.data_dir, str(cache_dir), limit, workers,
                                               transfer=transfer, progress=teacher_progress(args.task),
-                                              use_gpu=True if args.gpus_per_trial > 0 else None)
+                                              use_gpu=gpu)
     finally:
         torch.set_num_threads(threads)
     if record is not None:

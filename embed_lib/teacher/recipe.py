@@ -66,7 +66,7 @@ def predict(ce, pairs: list[list[str]], cfg: TeacherConfig) -> np.ndarray:
     device has it (the ranks barely move: Spearman 0.99999 with fp32's on STS-B validation, 1.6x the pairs/s)."""
     kw = dict(batch_size=max(cfg.batch_size, 32), show_progress_bar=False, activation_fn=torch.nn.Identity())
     device = getattr(ce, "device", torch.device("cpu"))
-    with torch.autocast(device.type, dtype=torch.bfloat16, enabled=effective_precision(cfg, device) == "bf16"):
+    with autocast(effective_precision(cfg, device), device):
         out = np.asarray(ce.predict(pairs, **kw), dtype=np.float64).reshape(-1)
         if cfg.both_orders:
             out = (out + np.asarray(ce.predict([[b, a] for a, b in pairs], **kw), dtype=np.float64).reshape(-1)) / 2
@@ -116,16 +116,20 @@ def effective_precision(cfg: TeacherConfig, device: torch.device) -> str:
     return "bf16" if native else "fp32"
 
 
-def _prepare(ce, cfg: TeacherConfig) -> tuple[str, Callable[[], Any]]:
-    """Freezes the word embeddings when cfg asks; (the precision training runs in, its autocast context)."""
+def autocast(precision: str, device: torch.device) -> torch.autocast:
+    """The context a forward pass of `precision` ("fp32" | "bf16", see effective_precision) runs in."""
+    return torch.autocast(device.type, dtype=torch.bfloat16, enabled=precision == "bf16")
+
+
+def _prepare(ce, cfg: TeacherConfig) -> str:
+    """Freezes the word embeddings when cfg asks; the precision training runs in."""
     if cfg.freeze_embeddings:
         ce.model.get_input_embeddings().weight.requires_grad_(False)
     precision = effective_precision(cfg, ce.device)
     if precision != cfg.precision:
         log.warning("The teacher's recipe asks for %s training and %s does not compute it natively: training in %s.",
                     cfg.precision, ce.device, precision)
-    return precision, functools.partial(torch.autocast, ce.device.type, dtype=torch.bfloat16,
-                                        enabled=precision == "bf16")
+    return precision
 
 
 def _fit_epochs(ce, pairs, y, cfg, g: np.random.Generator, es_pairs, es_y, progress) -> list[dict[str, float]]:
@@ -135,7 +139,7 @@ def _fit_epochs(ce, pairs, y, cfg, g: np.random.Generator, es_pairs, es_y, progr
     lengths = np.array([len(a) + len(b) for a, b in pairs])
     yt = torch.as_tensor(y, dtype=torch.float32)
     model = ce.model
-    precision, autocast = _prepare(ce, cfg)
+    precision = _prepare(ce, cfg)
     opt = torch.optim.AdamW(param_groups(model, cfg.weight_decay), lr=cfg.lr)
     steps_per_epoch = math.ceil(len(pairs) / cfg.batch_size)
     sched = warmup_then_decay(opt, steps_per_epoch * cfg.epochs, cfg.warmup)
@@ -150,7 +154,7 @@ def _fit_epochs(ce, pairs, y, cfg, g: np.random.Generator, es_pairs, es_y, progr
         ticker = None if progress is None else Progress(len(batches), f"epoch {epoch}/{cfg.epochs}", "batches",
                                                          emit=progress)
         for idx in batches:
-            with autocast():
+            with autocast(precision, ce.device):
                 z = logits(ce, [pairs[j] for j in idx])
             loss = loss_fn(z.float(), yt[idx].to(ce.device))
             opt.zero_grad(set_to_none=True)
