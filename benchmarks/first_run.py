@@ -52,7 +52,8 @@ def _store_figures(clone: Path) -> dict:
     transfer = {k.split("/")[1]: v for k, v in m.items() if k.startswith("transfer/") and k.endswith("/delta_min")}
     stage = teacher.get("intermediate") or {}
     return {"teacher": {"preset": teacher.get("preset"), "precision": teacher.get("precision", "fp32"),
-                        "threads": teacher.get("threads"),
+                        "threads": teacher.get("threads"), "fold_processes": teacher.get("fold_processes", 1),
+                        "fold_threads": teacher.get("fold_threads"),
                         "seconds": teacher.get("seconds"),
                         "stage_s": stage.get("seconds"), "stage_pairs": stage.get("pairs"),
                         "folds_s": [f["seconds"] for f in teacher.get("folds", [])],
@@ -88,7 +89,9 @@ def one_run(i: int, keep: bool) -> dict:
     job = stages.get("total_s", 0.0)
     by_stage = {"venv": venv_s, "cluster_and_submit": round(run_s - job, 1),
                 "encoding": round(stages.get("precompute_s", 0.0) - (teacher["seconds"] or 0.0), 1),
-                "teacher_stage": teacher["stage_s"], "teacher_folds": round(sum(teacher["folds_s"]), 1),
+                # the folds' wall time (they may train at once): the teacher's after its intermediate stage
+                "teacher_stage": teacher["stage_s"],
+                "teacher_folds": round((teacher["seconds"] or 0.0) - (teacher["stage_s"] or 0.0), 1),
                 "trials": stages.get("trials_s"),
                 "winner_and_registry": round(job - stages.get("precompute_s", 0.0) - stages.get("trials_s", 0.0), 1)}
     return {"commit": commit, "cpu_model": cpu_model(), "cpus": os.cpu_count(), "wall_s": wall,

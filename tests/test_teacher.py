@@ -321,3 +321,35 @@ def test_a_teacher_trained_elsewhere_is_cached_here_and_never_trained_again(tiny
     again, record2 = teacher_scores(tiny_splits, TINY, tmp_path)  # no compute: the cache written above
     assert record2["where"] == "a GPU node" and len(calls) == 1
     assert all(np.array_equal(again[k], scores[k]) for k in scores)
+
+
+def test_fold_plan_runs_big_cpu_folds_at_once_and_the_rest_here():
+    from embed_lib.teacher.workers import MIN_EXAMPLES_PER_FOLD as MIN, fold_plan
+    assert fold_plan(3, MIN, "cpu", cores=2) == (3, 1)  # three one-thread processes share the 2 cores
+    assert fold_plan(3, MIN, "cpu", cores=16) == (3, 5)
+    assert fold_plan(10, MIN, "cpu", cores=2) == (4, 1)  # at most two per core
+    assert fold_plan(3, MIN - 1, "cpu", cores=2) == (1, 0)  # a worker's start would cost more than it gains
+    assert fold_plan(3, MIN, "cpu", cores=1) == (1, 0)
+    assert fold_plan(3, MIN, "cuda", cores=16) == (1, 0)  # one GPU: one fold after another
+    assert fold_plan(3, 10, "cpu", workers=2, cores=2) == (2, 1)  # asked for: as asked, at most one per fold
+    assert fold_plan(2, MIN, "cpu", workers=5, cores=2) == (2, 1)
+    assert fold_plan(3, MIN, "cpu", workers=1, cores=2) == (1, 0)
+    for bad in (-1, 1.5, "2", True):
+        with pytest.raises(ValueError, match="fold_workers"):
+            fold_plan(3, MIN, "cpu", workers=bad)
+
+
+def test_folds_in_worker_processes_give_the_folds_trained_here(tiny_splits, tmp_path):
+    """The same folds, seeds and scores whether they train here one after another or at once in spawned processes
+    (whose progress lines come back here); only the threads' rounding differs."""
+    cfg = TeacherConfig(folds=2, epochs=1, batch_size=8, max_length=32, early_stopping_fraction=0.0)
+    here, rec_here = teacher_scores(tiny_splits, cfg, tmp_path / "here", fold_workers=1)
+    lines: list[str] = []
+    there, rec_there = teacher_scores(tiny_splits, cfg, tmp_path / "there", progress=lines.append, fold_workers=2)
+    assert (rec_here["fold_processes"], rec_there["fold_processes"], rec_there["fold_threads"]) == (1, 2, 1)
+    assert [f["held_out"] for f in rec_there["folds"]] == [f["held_out"] for f in rec_here["folds"]] == [12, 12]
+    for split in here:
+        np.testing.assert_allclose(there[split], here[split], atol=2e-3)
+    assert any(line.startswith("teacher fold 2/2: held-out Spearman") for line in lines)
+    with pytest.raises(ValueError, match="fold_workers=-1"):
+        teacher_scores(tiny_splits, cfg, tmp_path / "bad", fold_workers=-1)

@@ -36,7 +36,7 @@ import torch
 from embed_lib.config import default_cache_dir
 from embed_lib.data.tasks import PairData
 from embed_lib.encoding.weights import resolve_model
-from embed_lib.teacher import recipe
+from embed_lib.teacher import recipe, workers
 from embed_lib.teacher.config import LATER_FIELDS, TeacherConfig, preset_of
 from embed_lib.teacher.intermediate import stage_key, warm_start
 from embed_lib.training.signals import rank_normalise
@@ -109,51 +109,71 @@ def fit_on_rows(ce, train: PairData, rows: np.ndarray, cfg: TeacherConfig, split
     return curve, len(fit_rows), n_es
 
 
-def _cross_fit(splits: Mapping[str, PairData], cfg: TeacherConfig, device: str, start: str | None,
-               record: dict[str, Any], progress: Callable[[str], None]) -> dict[str, np.ndarray]:
+def _fold(splits: Mapping[str, PairData], cfg: TeacherConfig, device: str, start: str | None, k: int,
+          progress: Callable[[str], None]) -> dict[str, Any]:
+    """Fold k of the cross-fitting: a model from `start` fine-tuned on the other folds' train rows; its scores of its
+    held-out rows, of validation and of test, and its record. Module-level: it may run in a worker process."""
+    t0 = time.perf_counter()
     train, val, test = splits["train"], splits["validation"], splits["test"]
-    n = len(train)
-    fold_of = fold_assignment(n, cfg.folds, cfg.seed)
-    oof = np.zeros(n, dtype=np.float32)
-    sums = {"validation": np.zeros(len(val)), "test": np.zeros(len(test))}
-    for k in range(cfg.folds):
-        t0 = time.perf_counter()
+    fold_of = fold_assignment(len(train), cfg.folds, cfg.seed)
+    held = np.nonzero(fold_of == k)[0]
+    with torch.random.fork_rng(devices=[]):  # a new head's initial weights: the same in whichever process
+        torch.manual_seed(cfg.seed * 100 + k)
         ce = _load(cfg, device, start)
-        held = np.nonzero(fold_of == k)[0]
-        say = lambda msg, k=k: progress(f"teacher fold {k + 1}/{cfg.folds}: {msg}")  # noqa: E731
-        curve, n_fit, n_es = fit_on_rows(ce, train, np.nonzero(fold_of != k)[0], cfg, cfg.seed * 1000 + k,
-                                         cfg.seed * 100 + k, say)
-        oof[held] = recipe.predict(ce, _pairs(train, held), cfg)
-        t_pred = time.perf_counter()
-        v = recipe.predict(ce, _pairs(val), cfg)
-        sums["validation"] += v
-        sums["test"] += recipe.predict(ce, _pairs(test), cfg)
-        record["predict_seconds"] = record.get("predict_seconds", 0.0) + time.perf_counter() - t_pred
-        record["folds"].append({
-            "fold": k, "fit_pairs": n_fit, "early_stopping_pairs": n_es, "held_out": len(held),
-            "epochs_run": len(curve), "best_epoch": (max(curve, key=lambda c: c["early_stopping_spearman"])["epoch"]
-                                                     if n_es else len(curve)),
-            "curve": curve, "held_out_spearman": recipe.spearman_or_nan(oof[held], train.label[held]),
-            "val_spearman": recipe.spearman_or_nan(v, val.label), "seconds": round(time.perf_counter() - t0, 1)})
-        say(f"held-out Spearman {record['folds'][-1]['held_out_spearman']:.4f}, validation "
-            f"{record['folds'][-1]['val_spearman']:.4f}, {record['folds'][-1]['seconds']:.0f}s")
+    say = lambda msg: progress(f"teacher fold {k + 1}/{cfg.folds}: {msg}")  # noqa: E731
+    curve, n_fit, n_es = fit_on_rows(ce, train, np.nonzero(fold_of != k)[0], cfg, cfg.seed * 1000 + k,
+                                     cfg.seed * 100 + k, say)
+    oof = recipe.predict(ce, _pairs(train, held), cfg)
+    t_pred = time.perf_counter()
+    v, t = recipe.predict(ce, _pairs(val), cfg), recipe.predict(ce, _pairs(test), cfg)
+    predict_seconds = time.perf_counter() - t_pred
+    rec = {"fold": k, "fit_pairs": n_fit, "early_stopping_pairs": n_es, "held_out": len(held),
+           "epochs_run": len(curve), "best_epoch": (max(curve, key=lambda c: c["early_stopping_spearman"])["epoch"]
+                                                    if n_es else len(curve)),
+           "curve": curve, "held_out_spearman": recipe.spearman_or_nan(oof, train.label[held]),
+           "val_spearman": recipe.spearman_or_nan(v, val.label), "seconds": round(time.perf_counter() - t0, 1)}
+    say(f"held-out Spearman {rec['held_out_spearman']:.4f}, validation {rec['val_spearman']:.4f}, "
+        f"{rec['seconds']:.0f}s")
+    return {"held": held, "oof": oof, "validation": v, "test": t, "predict_seconds": predict_seconds, "record": rec}
+
+
+def _cross_fit(splits: Mapping[str, PairData], cfg: TeacherConfig, device: str, start: str | None,
+               record: dict[str, Any], progress: Callable[[str], None], fold_workers: int | None
+               ) -> dict[str, np.ndarray]:
+    train, val, test = splits["train"], splits["validation"], splits["test"]
+    examples = workers.examples_per_fold(len(train), cfg.folds, cfg.both_orders, cfg.epochs)
+    n_workers, threads = workers.fold_plan(cfg.folds, examples, device, fold_workers)
+    record["fold_processes"], record["fold_threads"] = n_workers, threads or torch.get_num_threads()
+    if n_workers > 1:
+        progress(f"teacher: {cfg.folds} folds at once, in {n_workers} processes of {threads} thread(s)")
+    folds = workers.run_folds(_fold, [(dict(splits), cfg, device, start, k) for k in range(cfg.folds)], n_workers,
+                              threads, progress)
+    oof = np.zeros(len(train), dtype=np.float32)
+    for f in folds:
+        oof[f["held"]] = f["oof"]
+    record["folds"] = [f["record"] for f in folds]
     # pairs/s of the scoring ensemble as used for validation and test (K models, both orders each)
-    record["predict_pairs_per_s"] = round((len(val) + len(test)) / max(record.pop("predict_seconds"), 1e-9), 1)
-    return {"train": oof, "validation": (sums["validation"] / cfg.folds).astype(np.float32),
-            "test": (sums["test"] / cfg.folds).astype(np.float32)}
+    record["predict_pairs_per_s"] = round((len(val) + len(test)) / max(sum(f["predict_seconds"] for f in folds),
+                                                                       1e-9), 1)
+    mean = lambda split: (np.sum([f[split] for f in folds], axis=0, dtype=np.float64) / cfg.folds)  # noqa: E731
+    return {"train": oof, "validation": mean("validation").astype(np.float32), "test": mean("test").astype(np.float32)}
 
 
 def teacher_scores(splits: Mapping[str, PairData], cfg: TeacherConfig | None = None,
                    cache_root: str | Path | None = None, device: str | None = None,
                    progress: Callable[[str], None] | None = None,
                    compute: Callable[[dict[str, PairData], TeacherConfig], tuple[dict, dict]] | None = None,
-                   ) -> tuple[dict[str, np.ndarray], dict[str, Any]]:
+                   fold_workers: int | None = None) -> tuple[dict[str, np.ndarray], dict[str, Any]]:
     """Held-out teacher scores (logits) per split and the teacher record (recipe, per-fold curves, Spearman
     per split, seconds, pairs/s). Cached under <cache_root>/teacher/<key>.npz + .json.
 
     compute: what produces them on a cache miss instead of this process (`compute(splits, cfg)` -> (scores,
-    record)), e.g. a Ray task on a GPU node that returns them through the object store; they are cached here."""
+    record)), e.g. a Ray task on a GPU node that returns them through the object store; they are cached here.
+    fold_workers: processes training the folds at once (`workers.fold_plan`): None / 0 decides by the machine (on a
+    CPU of 2+ cores, all folds at once), 1 one after another in this process. It changes no figure beyond rounding,
+    so it is not part of the cache key."""
     cfg = cfg or TeacherConfig()
+    workers.check_workers(fold_workers)
     missing = [s for s in ("train", "validation", "test") if s not in splits]
     if missing:
         raise ValueError(f"teacher_scores needs the splits train, validation and test; missing {missing}.")
@@ -179,7 +199,7 @@ def teacher_scores(splits: Mapping[str, PairData], cfg: TeacherConfig | None = N
         scores = {name: recipe.predict(ce, _pairs(d), cfg) for name, d in splits.items()}
     else:
         start, record["intermediate"] = warm_start(cfg, splits["train"], root, lambda: _load(cfg, device), progress)
-        scores = _cross_fit(splits, cfg, device, start, record, progress)
+        scores = _cross_fit(splits, cfg, device, start, record, progress, fold_workers)
     for name, d in splits.items():
         record[f"{name}_spearman"] = recipe.spearman_or_nan(scores[name], d.label)
     record["seconds"] = round(time.perf_counter() - t0, 1)

@@ -1,0 +1,100 @@
+"""The teacher's folds at once, each in a process of its own, on a CPU machine (`fold_plan`, `run_folds`).
+
+A cross-encoder's training step on small batches keeps a few CPU cores only partly busy: on 2 cores, one
+process of 2 threads trains 49 pairs/s, two processes of one thread 66 together, three 64. So K folds in K
+processes of `cores // K` threads (at least one) finish sooner than one after another on every thread. The
+processes are spawned (never forked: the caller may hold Ray's or a server's threads) and send their progress
+lines back here. Each fold seeds itself, so its model is the same whichever process trains it, up to the
+rounding of a different thread count.
+"""
+from __future__ import annotations
+
+import math
+import multiprocessing as mp
+import os
+import queue
+from concurrent.futures import FIRST_COMPLETED, ProcessPoolExecutor, wait
+from concurrent.futures.process import BrokenProcessPool
+from typing import Any, Callable, Sequence
+
+#: a fold of fewer training examples (pairs x orders x epochs) than this trains in the calling process: starting a
+#: worker (importing torch and the model, ~5 s) would cost more than the parallelism gains
+MIN_EXAMPLES_PER_FOLD = 2000
+
+_progress: Any = None  # the worker's queue of progress lines (set by _start)
+
+
+def cpu_cores() -> int:
+    """The cores this process may run on."""
+    try:
+        return len(os.sched_getaffinity(0))
+    except AttributeError:  # not Linux
+        return os.cpu_count() or 1
+
+
+def check_workers(workers: Any) -> None:
+    """ValueError unless `workers` is None or a whole number >= 0."""
+    if workers is not None and (not isinstance(workers, int) or isinstance(workers, bool) or workers < 0):
+        raise ValueError(f"fold_workers={workers!r}; give a whole number >= 1, or 0 / None to decide by the machine.")
+
+
+def fold_plan(folds: int, examples_per_fold: int, device: str, workers: int | None = None,
+              cores: int | None = None) -> tuple[int, int]:
+    """(processes, torch threads of each) for the folds; (1, 0): one after another in this process, its threads as
+    they are. workers None decides: on a CPU of 2 cores or more, folds of MIN_EXAMPLES_PER_FOLD examples or more all
+    at once (at most two per core), the cores shared out; a GPU trains them one after another. 1: in this process."""
+    check_workers(workers)
+    cores = cores or cpu_cores()
+    if not workers:
+        big = examples_per_fold >= MIN_EXAMPLES_PER_FOLD
+        workers = min(folds, 2 * cores) if device == "cpu" and cores >= 2 and big else 1
+    workers = min(workers, folds)
+    return (1, 0) if workers <= 1 else (workers, max(1, cores // workers))
+
+
+def _start(progress_queue, threads: int) -> None:
+    global _progress
+    _progress = progress_queue
+    import torch
+
+    torch.set_num_threads(threads)
+
+
+def _run(fn: Callable[..., Any], args: tuple) -> Any:
+    return fn(*args, progress=_progress.put)
+
+
+def _relay(q, progress: Callable[[str], None]) -> None:
+    while True:
+        try:
+            progress(q.get_nowait())
+        except queue.Empty:
+            return
+
+
+def run_folds(fn: Callable[..., Any], calls: Sequence[tuple], workers: int, threads: int,
+              progress: Callable[[str], None]) -> list[Any]:
+    """[fn(*args, progress=...) for args in calls], in that order: in `workers` spawned processes of `threads` torch
+    threads each, their progress lines passed to `progress` here; with workers <= 1 in this process, one after
+    another. `fn` and its arguments must be picklable (a module-level function)."""
+    if workers <= 1:
+        return [fn(*args, progress=progress) for args in calls]
+    ctx = mp.get_context("spawn")
+    q = ctx.Queue()
+    try:
+        with ProcessPoolExecutor(workers, mp_context=ctx, initializer=_start, initargs=(q, threads)) as pool:
+            pending = futures = [pool.submit(_run, fn, args) for args in calls]
+            while pending:
+                _, pending = wait(pending, timeout=1.0, return_when=FIRST_COMPLETED)
+                _relay(q, progress)
+            results = [f.result() for f in futures]
+    except BrokenProcessPool as exc:
+        raise RuntimeError(f"A worker process training a teacher fold died ({exc}): out of memory? Train the folds "
+                           "one after another: fold_workers=1 (`teacher_scores`, `load_study`).") from None
+    _relay(q, progress)  # lines sent just before a worker finished
+    return results
+
+
+def examples_per_fold(n_train: int, folds: int, both_orders: bool, epochs: int) -> int:
+    """Training examples one fold sees: its share of the train pairs, both orders, every epoch."""
+    return math.ceil(n_train * (folds - 1) / folds) * (2 if both_orders else 1) * epochs
