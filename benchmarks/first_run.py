@@ -30,10 +30,21 @@ TARGETS = {"wall_s_max": 1200, "teacher_test_min": 0.835, "winner_val_min": 0.01
            "positive_seeds": "every seed, on validation and on test", "transfer_min": -0.001}
 
 
+#: what this clone's Makefile (`make first-run`) or a developer's shell exports, and a newcomer's shell does not have:
+#: left in, the fresh clone would use this clone's caches, MLflow store and Ray state instead of its own
+NOT_A_NEWCOMERS = ("EMBED_CACHE_DIR", "EMBED_STORAGE_DIR", "EMBED_RAY_DIR", "MLFLOW_TRACKING_URI",
+                   "MLFLOW_ARTIFACT_ROOT", "RAY_ADDRESS", "MAKEFLAGS", "MAKELEVEL", "MFLAGS")
+
+
+def newcomer_env(environ=None) -> dict[str, str]:
+    """The environment a fresh clone's make runs in: this one without NOT_A_NEWCOMERS."""
+    return {k: v for k, v in (os.environ if environ is None else environ).items() if k not in NOT_A_NEWCOMERS}
+
+
 def _timed(cmd: list[str], cwd: Path, log: Path) -> float:
     t0 = time.time()
     with open(log, "a") as out:
-        subprocess.run(cmd, cwd=cwd, stdout=out, stderr=subprocess.STDOUT, check=True)
+        subprocess.run(cmd, cwd=cwd, stdout=out, stderr=subprocess.STDOUT, check=True, env=newcomer_env())
     return round(time.time() - t0, 1)
 
 

@@ -14,7 +14,7 @@
 # RAY_METRICS_PORT, DASHBOARD_METRIC_PORT (44227), AUTOSCALER_METRIC_PORT (44217) (Ray's defaults),
 # RAY_NUM_CPUS (all cores), RAY_AUTH_TOKEN_PATH ($EMBED_RAY_DIR/auth_token, made on first start),
 # the Ray Serve settings of cluster/serve.env (each overridable from the environment). `submit` forwards EMBED_DATA_DIR, EMBED_CACHE_DIR, EMBED_STORAGE_DIR,
-# MLFLOW_TRACKING_URI, MLFLOW_ARTIFACT_ROOT, MLflow's client settings MLFLOW_TRACKING_USERNAME/PASSWORD and
+# EMBED_TEACHER_FOLD_WORKERS, MLFLOW_TRACKING_URI, MLFLOW_ARTIFACT_ROOT, MLflow's client settings MLFLOW_TRACKING_USERNAME/PASSWORD and
 # MLFLOW_HTTP_REQUEST_* (retries, backoff, timeout) and HF_HUB_OFFLINE to the job; with no MLFLOW_TRACKING_URI it forwards this
 # clone's own store (sqlite:///<repo>/mlflow.db, artifacts in <repo>/mlartifacts, what `make` uses), never leaving the
 # job to put one in its temporary copy of the working dir; likewise the caches (.cache/embed_lib) and Tune's state
@@ -71,8 +71,8 @@ job_env() {
   # the caches and Tune's state (what --resume reads) where `make` keeps them, not in the job's temporary copy
   export EMBED_CACHE_DIR="${EMBED_CACHE_DIR:-$ROOT/.cache/embed_lib}" EMBED_STORAGE_DIR="${EMBED_STORAGE_DIR:-$ROOT/.cache/ray_results}"
   python3 -c 'import json, os, sys
-keys = ["EMBED_DATA_DIR", "EMBED_CACHE_DIR", "EMBED_STORAGE_DIR", "MLFLOW_TRACKING_URI", "MLFLOW_ARTIFACT_ROOT",
-        "MLFLOW_TRACKING_USERNAME", "MLFLOW_TRACKING_PASSWORD", "HF_HUB_OFFLINE"]
+keys = ["EMBED_DATA_DIR", "EMBED_CACHE_DIR", "EMBED_STORAGE_DIR", "EMBED_TEACHER_FOLD_WORKERS", "MLFLOW_TRACKING_URI",
+        "MLFLOW_ARTIFACT_ROOT", "MLFLOW_TRACKING_USERNAME", "MLFLOW_TRACKING_PASSWORD", "HF_HUB_OFFLINE"]
 keys += [k for k in os.environ if k.startswith("MLFLOW_HTTP_REQUEST_")]  # the MLflow client: retries, backoff, timeout
 print(json.dumps({"working_dir": ".", "excludes": json.load(open(sys.argv[1]))["excludes"],
                   "env_vars": {k: os.environ[k] for k in keys if os.environ.get(k)}}))' "$ROOT/cluster/runtime_env.json"

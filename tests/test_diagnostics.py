@@ -51,3 +51,14 @@ def test_error_floor_null_matches_its_spearman_and_sits_below_shared_errors():
     b = ry + shared + rng.standard_normal(len(y)) * sigma * 0.7
     null = independent_null(spearman(a, y), spearman(b, y), y, draws=5)
     assert 0.0 < null < 0.2 < 0.4 < error_correlation(a, b, y)
+
+
+def test_a_first_run_clone_gets_a_newcomers_environment():
+    """`make first-run` exports this clone's caches, store and make's own variables: the fresh clone must not see
+    them (it would read this clone's embeddings and write to its MLflow store), and keeps the rest (data, offline)."""
+    from benchmarks.first_run import NOT_A_NEWCOMERS, newcomer_env
+    mine = {"EMBED_CACHE_DIR": "/repo/.cache/embed_lib", "MLFLOW_TRACKING_URI": "sqlite:////repo/mlflow.db",
+            "MLFLOW_ARTIFACT_ROOT": "/repo/mlartifacts", "EMBED_STORAGE_DIR": "/repo/.cache/ray_results",
+            "MAKELEVEL": "1", "MAKEFLAGS": "w", "EMBED_DATA_DIR": "/shared/data", "HF_HUB_OFFLINE": "1", "PATH": "/bin"}
+    assert newcomer_env(mine) == {"EMBED_DATA_DIR": "/shared/data", "HF_HUB_OFFLINE": "1", "PATH": "/bin"}
+    assert {"EMBED_RAY_DIR", "RAY_ADDRESS"} <= set(NOT_A_NEWCOMERS)

@@ -323,8 +323,9 @@ def test_a_teacher_trained_elsewhere_is_cached_here_and_never_trained_again(tiny
     assert all(np.array_equal(again[k], scores[k]) for k in scores)
 
 
-def test_fold_plan_runs_big_cpu_folds_at_once_and_the_rest_here():
-    from embed_lib.teacher.workers import MIN_EXAMPLES_PER_FOLD as MIN, fold_plan
+def test_fold_plan_runs_big_cpu_folds_at_once_and_the_rest_here(monkeypatch):
+    from embed_lib.teacher.workers import ENV, MIN_EXAMPLES_PER_FOLD as MIN, fold_plan
+    monkeypatch.delenv(ENV, raising=False)
     assert fold_plan(3, MIN, "cpu", cores=2) == (3, 1)  # three one-thread processes share the 2 cores
     assert fold_plan(3, MIN, "cpu", cores=16) == (3, 5)
     assert fold_plan(10, MIN, "cpu", cores=2) == (4, 1)  # at most two per core
@@ -337,6 +338,16 @@ def test_fold_plan_runs_big_cpu_folds_at_once_and_the_rest_here():
     for bad in (-1, 1.5, "2", True):
         with pytest.raises(ValueError, match="fold_workers"):
             fold_plan(3, MIN, "cpu", workers=bad)
+    # the environment decides where the caller does not (a sweep's job, the CLI, make)
+    monkeypatch.setenv(ENV, "1")
+    assert fold_plan(3, MIN, "cpu", cores=2) == (1, 0)
+    assert fold_plan(3, MIN, "cpu", workers=2, cores=2) == (2, 1)  # the caller's word wins
+    monkeypatch.setenv(ENV, "0")
+    assert fold_plan(3, MIN, "cpu", cores=2) == (3, 1)
+    for bad in ("two", "-2"):
+        monkeypatch.setenv(ENV, bad)
+        with pytest.raises(ValueError, match=ENV):
+            fold_plan(3, MIN, "cpu", cores=2)
 
 
 def test_folds_in_worker_processes_give_the_folds_trained_here(tiny_splits, tmp_path):

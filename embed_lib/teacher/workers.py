@@ -17,6 +17,9 @@ from concurrent.futures import FIRST_COMPLETED, ProcessPoolExecutor, wait
 from concurrent.futures.process import BrokenProcessPool
 from typing import Any, Callable, Sequence
 
+#: the environment variable that sets the folds' processes where the caller passes none (0: decide, 1: one after
+#: another in the calling process), so that a sweep, the CLI and the make targets all take it
+ENV = "EMBED_TEACHER_FOLD_WORKERS"
 #: a fold of fewer training examples (pairs x orders x epochs) than this trains in the calling process: starting a
 #: worker (importing torch and the model, ~5 s) would cost more than the parallelism gains
 MIN_EXAMPLES_PER_FOLD = 2000
@@ -42,7 +45,16 @@ def fold_plan(folds: int, examples_per_fold: int, device: str, workers: int | No
               cores: int | None = None) -> tuple[int, int]:
     """(processes, torch threads of each) for the folds; (1, 0): one after another in this process, its threads as
     they are. workers None decides: on a CPU of 2 cores or more, folds of MIN_EXAMPLES_PER_FOLD examples or more all
-    at once (at most two per core), the cores shared out; a GPU trains them one after another. 1: in this process."""
+    at once (at most two per core), the cores shared out; a GPU trains them one after another. 1: in this process.
+    None also reads $EMBED_TEACHER_FOLD_WORKERS where it is set."""
+    if workers is None and os.environ.get(ENV, "").strip():
+        try:
+            workers = int(os.environ[ENV])
+        except ValueError:
+            raise ValueError(f"{ENV}={os.environ[ENV]!r}; give a whole number: 1 trains the teacher's folds one "
+                             "after another, 0 decides by the machine.") from None
+        if workers < 0:
+            raise ValueError(f"{ENV}={workers}; give 1 (one after another), 2 or more, or 0 (decide).")
     check_workers(workers)
     cores = cores or cpu_cores()
     if not workers:
@@ -90,7 +102,7 @@ def run_folds(fn: Callable[..., Any], calls: Sequence[tuple], workers: int, thre
             results = [f.result() for f in futures]
     except BrokenProcessPool as exc:
         raise RuntimeError(f"A worker process training a teacher fold died ({exc}): out of memory? Train the folds "
-                           "one after another: fold_workers=1 (`teacher_scores`, `load_study`).") from None
+                           f"one after another: {ENV}=1 in the environment (or fold_workers=1).") from None
     _relay(q, progress)  # lines sent just before a worker finished
     return results
 
