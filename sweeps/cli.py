@@ -29,6 +29,7 @@ from embed_lib.cli.args import (
 )
 from embed_lib.config import default_cache_dir, writable_dir
 from embed_lib.teacher.config import preset_of
+from embed_lib.teacher.workers import cpu_cores
 from embed_lib.tracking.registry import model_name
 from embed_lib.tracking.runs import (check_store_for_cluster, checked_tracking_uri, default_tracking_uri, git_info,
                                      local_store_path, log_task_inputs, set_experiment, ui_link)
@@ -64,10 +65,7 @@ def driver_threads() -> int:
     job's entrypoint inherits OMP_NUM_THREADS=1, which left a sweep's teacher on one core of two."""
     if os.environ.get("EMBED_DRIVER_THREADS"):
         return max(1, int(os.environ["EMBED_DRIVER_THREADS"]))
-    try:
-        return max(1, len(os.sched_getaffinity(0)))
-    except AttributeError:  # not on Linux
-        return max(1, os.cpu_count() or 1)
+    return max(1, cpu_cores())
 
 
 def encode_workers(requested: int, use_gpu: bool) -> int:

@@ -65,8 +65,7 @@ def default_transfer(task: str) -> list[str]:
 def load_study(task: str, encoder: EncoderConfig | None = None, teacher: TeacherConfig | None = None, *,
                data_dir: str | Path | None = None, cache_dir: str | Path | None = None,
                limit: int | None = None, transfer: Iterable[str] = (), progress=None,
-               lazy=None, teacher_compute=None, fold_workers: int | None = None
-               ) -> tuple[StudyData, dict[str, Any] | None]:
+               lazy=None, teacher_compute=None) -> tuple[StudyData, dict[str, Any] | None]:
     """StudyData for `task` (teacher=None: no ce_margin target) and the teacher record, with the teacher's
     quality per split (Spearman, error correlation with the frozen cosine, rank average) in the record.
 
@@ -74,7 +73,6 @@ def load_study(task: str, encoder: EncoderConfig | None = None, teacher: Teacher
     validation pairs are scored by every trained group (`transfer_splits`). lazy: what encodes a sentence
     missing from the cache (default a LazyEncoder of `encoder`; the sweeps pass a Ray actor pool).
     teacher_compute: where the teacher trains on a cache miss (`teacher_scores`' compute; default here).
-    fold_workers: processes training the teacher's folds at once (`teacher_scores`; None decides by the machine).
     """
     root = Path(cache_dir) if cache_dir else default_cache_dir()
     splits = load_splits(task, SPLITS, data_dir)
@@ -86,8 +84,7 @@ def load_study(task: str, encoder: EncoderConfig | None = None, teacher: Teacher
         lazy.shutdown()
     scores, record = (None, None)
     if teacher is not None:
-        scores, record = teacher_scores(splits, teacher, root, progress=progress, compute=teacher_compute,
-                                        fold_workers=fold_workers)
+        scores, record = teacher_scores(splits, teacher, root, progress=progress, compute=teacher_compute)
     data = prepare_study(emb, scores)
     if record is not None:
         record = {**record, "quality": quality_report(

@@ -102,7 +102,8 @@ def run_folds(fn: Callable[..., Any], calls: Sequence[tuple], workers: int, thre
             results = [f.result() for f in futures]
     except BrokenProcessPool as exc:
         raise RuntimeError(f"A worker process training a teacher fold died ({exc}): out of memory? Train the folds "
-                           f"one after another: {ENV}=1 in the environment (or fold_workers=1).") from None
+                           f"one after another: {ENV}=1 in the environment, or teacher_scores(fold_workers=1)."
+                           ) from None
     _relay(q, progress)  # lines sent just before a worker finished
     return results
 
