@@ -314,3 +314,41 @@ def test_a_duplicate_question_transfer_split_is_also_a_retrieval_check():
     assert [s["transfer/qqp-retrieval/delta"] for s in r.per_seed] == pytest.approx(expected, abs=1e-9)
     assert any(abs(e) > 0 for e in expected)  # the residual did re-rank something
     assert r.summary["transfer_delta_min"] <= min(expected)
+
+
+def test_the_sweep_ships_the_study_with_its_per_study_caches_so_trials_never_recompute_them(monkeypatch):
+    """Every trial gets its own copy of the study (Ray's object store pickles it): the familiarity of every sentence
+    and the retrieval checks' frozen top-k are computed once by the sweep's precompute and travel with it."""
+    import pickle
+
+    import torch
+
+    from embed_lib.training import tensors
+    from embed_lib.training.metrics import cosine
+    from embed_lib.training.tensors import SplitTensors, StudyData
+    from sweeps import trainable
+
+    toy = _toy_study()
+    g = torch.Generator().manual_seed(1)
+    ia, ib = torch.randint(0, 400, (600,), generator=g), torch.randint(0, 400, (600,), generator=g)
+    y = (torch.nn.functional.cosine_similarity(toy.X[ia, :4], toy.X[ib, :4], dim=-1) > 0.5).float()
+    qqp = SplitTensors(ia, ib, y, cosine(toy.X[ia].numpy(), toy.X[ib].numpy()), {})
+    study = StudyData("toy", False, toy.X, {**toy.splits, "transfer:qqp": qqp}, toy.sentence_target, toy.manifest,
+                      toy.split_notes)
+
+    class Pool:
+        def __init__(self, *a, **k):
+            pass
+
+        def shutdown(self):
+            pass
+
+    monkeypatch.setattr(trainable, "LazyPool", Pool)
+    monkeypatch.setattr(trainable, "load_study", lambda *a, **k: (study, {"teacher": "record"}))
+    data, record = trainable.precompute("toy", None, None, None, None, None, use_gpu=False)
+    assert record == {"teacher": "record"}
+    trial_copy = pickle.loads(pickle.dumps(data))
+    monkeypatch.setattr(tensors, "novelty_reference_rows", lambda *a: pytest.fail("familiarity computed again"))
+    monkeypatch.setattr(tensors, "retrieval_check", lambda *a: pytest.fail("retrieval check computed again"))
+    assert torch.equal(trial_copy.familiarity(), data.familiarity())
+    assert set(trial_copy.retrieval_checks()) == {"qqp"}
