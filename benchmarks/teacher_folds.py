@@ -20,7 +20,6 @@ import numpy as np
 from benchmarks._common import write_results
 from embed_lib.config import default_cache_dir
 from embed_lib.data.tasks import load_splits
-from embed_lib.teacher.scores import _load as load_cross_encoder
 from embed_lib.teacher.scores import teacher_scores
 from embed_lib.teacher.config import PRESETS, teacher_preset  # noqa: I001 (scores first: it imports the stage)
 from embed_lib.teacher.intermediate import stage_key, warm_start
@@ -48,7 +47,7 @@ def main() -> None:
     stage = root / "teacher" / "intermediate" / stage_key(cfg, splits["train"])
     if not stage.is_dir():  # the stage once, into the cache (untimed): both ways start from it
         print(f"no cached stage at {stage}: training it first (not timed)", flush=True)
-        warm_start(cfg, splits["train"], root / "teacher", lambda: load_cross_encoder(cfg, "cpu"), print)
+        warm_start(cfg, splits["train"], root / "teacher", "cpu", print)
     out = {}
     for name, workers in (("one_after_another", 1), ("at_once", 0)):
         scores, record, wall = _run(splits, cfg, stage, workers)

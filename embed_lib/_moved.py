@@ -64,7 +64,9 @@ def package_getattr(package: str, modules: list[str]):
     """A module `__getattr__` for a package that took the name of an old flat module (`embed_lib.teacher`,
     `embed_lib.tracking`, `embed_lib.cli`): the old module's names still resolve, with a DeprecationWarning."""
     def __getattr__(name: str):
-        if not name.startswith("__"):
+        # a submodule not imported yet (`from package import submodule`) is the import system's to load: looking for
+        # it among the old module's names would import those modules first, and they may import the submodule
+        if not name.startswith("__") and importlib.util.find_spec(f"{package}.{name}") is None:
             for m in modules:
                 module = importlib.import_module(f"{package}.{m}")
                 if hasattr(module, name):

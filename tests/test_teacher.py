@@ -54,11 +54,11 @@ def test_no_train_pair_is_scored_by_a_model_that_trained_on_it(tiny_splits, tmp_
     made: list[_FakeCE] = []
     scored: list[tuple[_FakeCE, list]] = []
 
-    def fake_load(cfg, device, start=None):
+    def fake_load(cfg, device, start=None, seed=None):
         made.append(_FakeCE())
         return made[-1]
 
-    def fake_fit(ce, pairs, y, cfg, seed, es_pairs=None, es_y=None, progress=None):
+    def fake_fit(ce, pairs, y, cfg, seed, es_pairs=None, es_y=None, progress=None, shard=(0, 1)):
         ce.seen |= {tuple(p) for p in pairs} | {tuple(p) for p in (es_pairs or [])}
         return [{"epoch": 1, "train_loss": 0.0, "seconds": 1.0, "pairs_per_s": 1.0, "early_stopping_spearman": 0.0}]
 
@@ -68,7 +68,7 @@ def test_no_train_pair_is_scored_by_a_model_that_trained_on_it(tiny_splits, tmp_
         scored.append((ce, [tuple(p) for p in pairs]))
         return real_predict(ce, pairs, cfg)
 
-    monkeypatch.setattr(T, "_load", fake_load)
+    monkeypatch.setattr(recipe, "load", fake_load)
     monkeypatch.setattr(recipe, "fit", fake_fit)
     monkeypatch.setattr(recipe, "predict", spy_predict)
     cfg = TeacherConfig(folds=3, epochs=1, batch_size=8, max_length=32, early_stopping_fraction=0.2)
@@ -111,7 +111,7 @@ def test_bucketed_batch_loss_equals_unbucketed(tiny_splits):
     """Padding must not change a pair's logit: the loss of 8 pairs in one padded batch equals the
     size-weighted mean of the losses of two length-sorted batches."""
     cfg = TeacherConfig(max_length=64)
-    ce = T._load(cfg, "cpu")
+    ce = recipe.load(cfg, "cpu")
     ce.model.eval()
     train = tiny_splits["train"]
     pairs, y = T._pairs(train, np.arange(8)), torch.as_tensor(train.label[:8], dtype=torch.float32)
@@ -179,17 +179,17 @@ def test_teacher_errors(tiny_splits, tmp_path):
 def test_the_intermediate_stage_reads_only_other_tasks_train_pairs(tiny_splits, data_dir, tmp_path, monkeypatch):
     made: list[tuple[_FakeCE, str | None]] = []
 
-    def fake_load(cfg, device, start=None):
+    def fake_load(cfg, device, start=None, seed=None):
         made.append((_FakeCE(), start))
         made[-1][0].save_pretrained = lambda path, **kw: __import__("os").makedirs(path)
         return made[-1][0]
 
-    def fake_fit(ce, pairs, y, cfg, seed, es_pairs=None, es_y=None, progress=None):
+    def fake_fit(ce, pairs, y, cfg, seed, es_pairs=None, es_y=None, progress=None, shard=(0, 1)):
         ce.seen |= {tuple(p) for p in pairs} | {tuple(p) for p in (es_pairs or [])}
         ce.stage_cfg = cfg
         return [{"epoch": 1, "train_loss": 0.0, "seconds": 1.0, "pairs_per_s": 1.0, "early_stopping_spearman": 0.0}]
 
-    monkeypatch.setattr(T, "_load", fake_load)
+    monkeypatch.setattr(recipe, "load", fake_load)
     monkeypatch.setattr(recipe, "fit", fake_fit)
     cfg = TeacherConfig(folds=2, epochs=1, batch_size=8, max_length=32, intermediate="others", intermediate_pairs=150)
     _, record = teacher_scores(tiny_splits, cfg, tmp_path)
@@ -250,7 +250,7 @@ def test_later_fields_enter_the_keys_only_when_set(tiny_splits):
 
 
 def _fit_tiny(tiny_splits, cfg):
-    ce = T._load(cfg, "cpu", None)
+    ce = recipe.load(cfg, "cpu", None)
     train = tiny_splits["train"]
     torch.manual_seed(0)
     torch.nn.init.normal_(ce.model.classifier.weight, std=0.02)  # the same fresh head for every call
@@ -293,16 +293,21 @@ def test_bf16_trains_in_bf16_where_the_device_has_it_and_in_fp32_where_not(tiny_
 
 def test_a_real_intermediate_stage_round_trips_through_its_folder(tiny_splits, tmp_path):
     cfg = TeacherConfig(max_length=32, intermediate="mrpc", intermediate_pairs=100)
-    folder, record = warm_start(cfg, tiny_splits["train"], tmp_path, lambda: T._load(cfg, "cpu"), lambda m: None)
+    folder, record = warm_start(cfg, tiny_splits["train"], tmp_path, "cpu", lambda m: None)
     assert record["pairs"] == 100 and (Path(folder) / "intermediate.json").is_file()
     pairs = [[a, b] for a, b in zip(tiny_splits["test"].sentence1, tiny_splits["test"].sentence2)]
     loaded = []
     for seed in (0, 1):  # a fresh head would differ between the two loads; the stage's trained head does not
         torch.manual_seed(seed)
-        loaded.append(T._load(cfg, "cpu", folder))
+        loaded.append(recipe.load(cfg, "cpu", folder))
     np.testing.assert_allclose(recipe.predict(loaded[0], pairs, cfg), recipe.predict(loaded[1], pairs, cfg), rtol=1e-5)
     body = lambda ce: next(p for n, p in ce.model.named_parameters() if "encoder.layer.0." in n)  # noqa: E731
-    assert not torch.equal(body(loaded[0]), body(T._load(cfg, "cpu")))  # the body trained, and was saved
+    assert not torch.equal(body(loaded[0]), body(recipe.load(cfg, "cpu")))  # the body trained, and was saved
+    # its new head is drawn from the seed: another fresh cache trains the same stage, whatever the global random state
+    torch.manual_seed(123)
+    again, _ = warm_start(cfg, tiny_splits["train"], tmp_path / "another", "cpu", lambda m: None)
+    np.testing.assert_array_equal(recipe.predict(recipe.load(cfg, "cpu", again), pairs, cfg),
+                                  recipe.predict(loaded[0], pairs, cfg))
 
 
 def test_a_teacher_trained_elsewhere_is_cached_here_and_never_trained_again(tiny_splits, tmp_path, monkeypatch):
@@ -364,3 +369,4 @@ def test_folds_in_worker_processes_give_the_folds_trained_here(tiny_splits, tmp_
     assert any(line.startswith("teacher fold 2/2: held-out Spearman") for line in lines)
     with pytest.raises(ValueError, match="fold_workers=-1"):
         teacher_scores(tiny_splits, cfg, tmp_path / "bad", fold_workers=-1)
+

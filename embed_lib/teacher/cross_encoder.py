@@ -36,7 +36,7 @@ from embed_lib.encoding.weights import resolve_model
 from embed_lib.teacher import recipe
 from embed_lib.teacher.config import TeacherConfig
 from embed_lib.teacher.intermediate import warm_start
-from embed_lib.teacher.scores import _load, _pairs, error_correlation, fit_on_rows, teacher_key
+from embed_lib.teacher.scores import _pairs, error_correlation, fit_on_rows, teacher_key
 
 log = logging.getLogger(__name__)
 
@@ -72,8 +72,8 @@ def served_teacher(splits: Mapping[str, PairData], cfg: TeacherConfig, s0: Mappi
     device = device or ("cuda" if torch.cuda.is_available() else "cpu")
     train, val, test = splits["train"], splits["validation"], splits["test"]
     t0 = time.perf_counter()
-    start, stage = warm_start(cfg, train, folder.parent.parent, lambda: _load(cfg, device), progress)
-    ce = _load(cfg, device, start)
+    start, stage = warm_start(cfg, train, folder.parent.parent, device, progress)
+    ce = recipe.load(cfg, device, start)
     curve: list[dict[str, float]] = []
     if not cfg.pretrained:
         curve, _, _ = fit_on_rows(ce, train, np.arange(len(train)), cfg, cfg.seed * 1000 + 999, cfg.seed * 100 + 99,

@@ -91,10 +91,11 @@ def stage_key(cfg: TeacherConfig, split: PairData) -> str | None:
     return hashlib.sha256(blob.encode()).hexdigest()[:20]
 
 
-def warm_start(cfg: TeacherConfig, split: PairData, cache_root: Path, load: Callable[[], Any],
+def warm_start(cfg: TeacherConfig, split: PairData, cache_root: Path, device: str,
                progress: Callable[[str], None]) -> tuple[str | None, dict[str, Any] | None]:
     """(folder, record) of the stage for a teacher of `split`'s task, trained once and then read from the
-    cache; (None, None) without a stage. `load()` builds the cross-encoder of the backbone weights."""
+    cache; (None, None) without a stage. Its new head is drawn from cfg.seed, so that a stage is the same model in
+    every fresh cache (up to the rounding of another thread count)."""
     key = stage_key(cfg, split)
     if key is None:
         return None, None
@@ -104,7 +105,7 @@ def warm_start(cfg: TeacherConfig, split: PairData, cache_root: Path, load: Call
     splits = _splits(cfg, split)
     pairs, y = _sample(splits, cfg.intermediate_pairs, cfg.seed)
     t0 = time.perf_counter()
-    ce = load()
+    ce = recipe.load(cfg, device, seed=cfg.seed)
     curve = recipe.fit(ce, pairs, y, stage_config(cfg), cfg.seed, progress=lambda m: progress(f"intermediate stage: {m}"))
     record = {"tasks": list(splits), "pairs": len(pairs), "fingerprints": {t: d.fingerprint for t, d in splits.items()},
               "curve": curve, "seconds": round(time.perf_counter() - t0, 1), "key": key}

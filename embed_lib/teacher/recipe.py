@@ -16,6 +16,7 @@ from typing import TYPE_CHECKING, Any, Callable
 import numpy as np
 import torch
 
+from embed_lib.encoding.weights import resolve_model
 from embed_lib.progress import Progress
 from embed_lib.training.metrics import spearman
 
@@ -49,6 +50,26 @@ def param_groups(model: torch.nn.Module, weight_decay: float) -> list[dict[str, 
             continue
         (no_decay if p.ndim < 2 or "norm" in name.lower() else decay).append(p)
     return [{"params": decay, "weight_decay": weight_decay}, {"params": no_decay, "weight_decay": 0.0}]
+
+
+def load(cfg: TeacherConfig, device: str, start: str | None = None, seed: int | None = None):
+    """The cross-encoder of `cfg.model` (a fresh 1-logit head unless pretrained), or of the weights at `start`
+    (an intermediate stage's folder). `seed`: the new head's initial weights drawn from it (the same model in
+    whichever process loads it), the caller's random state left as it was."""
+    # lazy: sentence-transformers takes seconds to import, and a cache hit never needs the model
+    from sentence_transformers import CrossEncoder
+
+    path = start or resolve_model(cfg.model)
+    with torch.random.fork_rng(devices=[]):
+        if seed is not None:
+            torch.manual_seed(seed)
+        try:
+            return CrossEncoder(path, num_labels=None if cfg.pretrained else 1, device=device,
+                                max_length=cfg.max_length)
+        except Exception as exc:
+            raise ValueError(f"Could not load cross-encoder {cfg.model!r} ({path}): {exc}. Name a "
+                             "sentence-transformers or transformers model id, a local model directory, or the alias "
+                             "'minilm'.") from exc
 
 
 def logits(ce, pairs: list[list[str]]) -> torch.Tensor:

@@ -35,7 +35,6 @@ import torch
 
 from embed_lib.config import default_cache_dir
 from embed_lib.data.tasks import PairData
-from embed_lib.encoding.weights import resolve_model
 from embed_lib.teacher import recipe, workers
 from embed_lib.teacher.config import LATER_FIELDS, TeacherConfig, preset_of
 from embed_lib.teacher.intermediate import stage_key, warm_start
@@ -52,21 +51,6 @@ def fold_assignment(n: int, folds: int, seed: int) -> np.ndarray:
 def _pairs(d: PairData, rows: np.ndarray | None = None) -> list[list[str]]:
     rows = np.arange(len(d)) if rows is None else rows
     return [[d.sentence1[i], d.sentence2[i]] for i in rows]
-
-
-def _load(cfg: TeacherConfig, device: str, start: str | None = None):
-    """The cross-encoder of `cfg.model` (a fresh 1-logit head unless pretrained), or of the weights at `start`
-    (an intermediate stage's folder)."""
-    # lazy: sentence-transformers takes seconds to import, and a cache hit never needs the model
-    from sentence_transformers import CrossEncoder
-
-    path = start or resolve_model(cfg.model)
-    try:
-        ce = CrossEncoder(path, num_labels=None if cfg.pretrained else 1, device=device, max_length=cfg.max_length)
-    except Exception as exc:
-        raise ValueError(f"Could not load cross-encoder {cfg.model!r} ({path}): {exc}. Name a sentence-transformers "
-                         "or transformers model id, a local model directory, or the alias 'minilm'.") from exc
-    return ce
 
 
 def teacher_key(cfg: TeacherConfig, splits: Mapping[str, PairData]) -> str:
@@ -117,9 +101,7 @@ def _fold(splits: Mapping[str, PairData], cfg: TeacherConfig, device: str, start
     train, val, test = splits["train"], splits["validation"], splits["test"]
     fold_of = fold_assignment(len(train), cfg.folds, cfg.seed)
     held = np.nonzero(fold_of == k)[0]
-    with torch.random.fork_rng(devices=[]):  # a new head's initial weights: the same in whichever process
-        torch.manual_seed(cfg.seed * 100 + k)
-        ce = _load(cfg, device, start)
+    ce = recipe.load(cfg, device, start, seed=cfg.seed * 100 + k)  # a new head: the same in whichever process
     say = lambda msg: progress(f"teacher fold {k + 1}/{cfg.folds}: {msg}")  # noqa: E731
     curve, n_fit, n_es = fit_on_rows(ce, train, np.nonzero(fold_of != k)[0], cfg, cfg.seed * 1000 + k,
                                      cfg.seed * 100 + k, say)
@@ -195,10 +177,10 @@ def teacher_scores(splits: Mapping[str, PairData], cfg: TeacherConfig | None = N
                               "task": splits["train"].task, "device": device, "threads": torch.get_num_threads(),
                               "precision": recipe.effective_precision(cfg, torch.device(device)), "folds": []}
     if cfg.pretrained:
-        ce = _load(cfg, device)
+        ce = recipe.load(cfg, device)
         scores = {name: recipe.predict(ce, _pairs(d), cfg) for name, d in splits.items()}
     else:
-        start, record["intermediate"] = warm_start(cfg, splits["train"], root, lambda: _load(cfg, device), progress)
+        start, record["intermediate"] = warm_start(cfg, splits["train"], root, device, progress)
         scores = _cross_fit(splits, cfg, device, start, record, progress, fold_workers)
     for name, d in splits.items():
         record[f"{name}_spearman"] = recipe.spearman_or_nan(scores[name], d.label)
