@@ -37,8 +37,9 @@ $(STAMP): pyproject.toml constraints.txt
 	# the CPU build of torch first, from local disk: letting pip resolve torch pulls a multi-GB CUDA build
 	$(BIN)/pip install -q torch==2.13.0
 	# the versions the project is tested with (constraints.txt), not whatever was released since, installed by uv
-	# (parallel downloads and bytecode compilation: the venv in ~50 s instead of pip's 110-190 s on 2 cores); it keeps
-	# the torch above, which the constraints pin. INSTALLER=pip installs them with pip instead.
+	# (parallel downloads and bytecode compilation: make venv 92 s instead of pip's 162 s, medians on fresh clones of
+	# a 2-core machine, benchmarks/venv_install.py); it keeps the torch above, which the constraints pin.
+	# INSTALLER=pip installs them with pip instead.
 	$(INSTALL_DEPS) -c constraints.txt -e '.[dev]'
 	touch $(STAMP)
 
