@@ -20,9 +20,9 @@ import numpy as np
 from benchmarks._common import write_results
 from embed_lib.config import default_cache_dir
 from embed_lib.data.tasks import load_splits
-from embed_lib.teacher.scores import teacher_scores
-from embed_lib.teacher.config import PRESETS, teacher_preset  # noqa: I001 (scores first: it imports the stage)
+from embed_lib.teacher.config import PRESETS, teacher_preset
 from embed_lib.teacher.intermediate import stage_key, warm_start
+from embed_lib.teacher.scores import teacher_scores
 
 
 def _run(splits, cfg, stage: Path, fold_workers: int) -> tuple[dict, dict, float]:

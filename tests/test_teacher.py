@@ -58,7 +58,7 @@ def test_no_train_pair_is_scored_by_a_model_that_trained_on_it(tiny_splits, tmp_
         made.append(_FakeCE())
         return made[-1]
 
-    def fake_fit(ce, pairs, y, cfg, seed, es_pairs=None, es_y=None, progress=None, shard=(0, 1)):
+    def fake_fit(ce, pairs, y, cfg, seed, es_pairs=None, es_y=None, progress=None):
         ce.seen |= {tuple(p) for p in pairs} | {tuple(p) for p in (es_pairs or [])}
         return [{"epoch": 1, "train_loss": 0.0, "seconds": 1.0, "pairs_per_s": 1.0, "early_stopping_spearman": 0.0}]
 
@@ -184,7 +184,7 @@ def test_the_intermediate_stage_reads_only_other_tasks_train_pairs(tiny_splits, 
         made[-1][0].save_pretrained = lambda path, **kw: __import__("os").makedirs(path)
         return made[-1][0]
 
-    def fake_fit(ce, pairs, y, cfg, seed, es_pairs=None, es_y=None, progress=None, shard=(0, 1)):
+    def fake_fit(ce, pairs, y, cfg, seed, es_pairs=None, es_y=None, progress=None):
         ce.seen |= {tuple(p) for p in pairs} | {tuple(p) for p in (es_pairs or [])}
         ce.stage_cfg = cfg
         return [{"epoch": 1, "train_loss": 0.0, "seconds": 1.0, "pairs_per_s": 1.0, "early_stopping_spearman": 0.0}]
