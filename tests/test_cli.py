@@ -46,8 +46,10 @@ def test_teacher_preset_flags_name_the_preset_and_the_fix():
     args = build_parser().parse_args(["train", "--task", "stsb", "--teacher-intermediate", "others"])
     assert teacher_config(args).intermediate == "others"
     args = build_parser().parse_args(["train", "--task", "stsb", "--teacher-preset", "strong",
-                                      "--teacher-precision", "bf16"])
-    assert teacher_config(args).precision == "bf16"
+                                      "--teacher-precision", "bf16", "--teacher-stage-shards", "3"])
+    assert (teacher_config(args).precision, teacher_config(args).stage_shards) == ("bf16", 3)
+    args = build_parser().parse_args(["train", "--task", "stsb", "--teacher-preset", "fast"])
+    assert teacher_config(args).stage_shards == 2  # the preset's
 
 
 def test_teacher_summary_names_the_intermediate_stage():

@@ -102,8 +102,9 @@ def add_teacher_flags(p: argparse.ArgumentParser, default_preset: str = "strong"
                         + f" (default {default_preset}); per task: 'stsb=strong,qqp=light' (unlisted tasks: "
                         f"{default_preset})")
     docs, d = field_docs(TeacherConfig), TeacherConfig()  # help texts and defaults from the config itself
-    for name, kind in (("folds", int), ("epochs", int)):
-        p.add_argument(f"--teacher-{name}", type=kind, default=None, help=f"{docs[name]} (overrides the preset)")
+    for name, kind in (("folds", int), ("epochs", int), ("stage_shards", int)):
+        p.add_argument(f"--teacher-{name.replace('_', '-')}", type=kind, default=None,
+                       help=f"{docs[name]} (overrides the preset)")
     for name, kind in (("lr", float), ("max_length", int)):
         p.add_argument(f"--teacher-{name.replace('_', '-')}", type=kind, default=None,
                        help=f"{docs[name]} (default {getattr(d, name)!r})")
@@ -134,7 +135,8 @@ def teacher_config(args: argparse.Namespace, task: str | None = None):
     overrides = {k: v for k, v in (("folds", args.teacher_folds), ("epochs", args.teacher_epochs),
                                    ("lr", args.teacher_lr), ("max_length", args.teacher_max_length),
                                    ("intermediate", args.teacher_intermediate),
-                                   ("precision", args.teacher_precision))
+                                   ("precision", args.teacher_precision),
+                                   ("stage_shards", args.teacher_stage_shards))
                  if v is not None}
     preset = preset_for(args.teacher_preset, task or getattr(args, "task", ""),
                         getattr(args, "teacher_preset_default", "strong"))

@@ -17,7 +17,7 @@ OTHERS = "others"
 PRECISIONS = ("fp32", "bf16")
 #: fields added after teacher scores were first cached: left out of the cache keys at these defaults, so that
 #: every teacher cached before them keeps its key
-LATER_FIELDS = {"precision": "fp32", "freeze_embeddings": False}
+LATER_FIELDS = {"precision": "fp32", "freeze_embeddings": False, "stage_shards": 1}
 
 
 def check_spec(spec: str) -> None:
@@ -76,6 +76,9 @@ class TeacherConfig:
     intermediate: str = ""
     #: the most train pairs the intermediate stage takes from each of its tasks (a seeded sample)
     intermediate_pairs: int = bounded(10000, 100, 10_000_000)
+    #: the stage's pairs split into this many shards, each trained in a process of its own on batches of
+    #: batch_size / shards, the shards' weights averaged every few steps (`embed_lib.teacher.shards`); 1: one process
+    stage_shards: int = bounded(1, 1, 16)
     seed: int = 0
 
     def __post_init__(self) -> None:
@@ -99,7 +102,7 @@ PRESETS: dict[str, dict[str, Any]] = {
     "strong": dict(folds=3, epochs=3, patience=1, early_stopping_fraction=0.1, intermediate="others"),
     "light": dict(folds=3, epochs=1, early_stopping_fraction=0.0, intermediate="others"),
     "fast": dict(folds=3, epochs=1, early_stopping_fraction=0.0, intermediate="others", precision="bf16",
-                 freeze_embeddings=True),
+                 freeze_embeddings=True, stage_shards=2),
 }
 
 

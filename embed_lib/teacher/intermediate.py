@@ -25,7 +25,7 @@ from typing import TYPE_CHECKING, Any, Callable
 import numpy as np
 
 from embed_lib.data.tasks import PairData, default_data_dir, load_task, task_names
-from embed_lib.teacher import recipe
+from embed_lib.teacher import recipe, shards
 from embed_lib.teacher.config import LATER_FIELDS, OTHERS
 
 if TYPE_CHECKING:
@@ -85,7 +85,9 @@ def stage_key(cfg: TeacherConfig, split: PairData) -> str | None:
     recipe = dataclasses.asdict(stage_config(cfg))
     recipe = {k: recipe[k] for k in ("model", "lr", "warmup", "weight_decay", "grad_clip", "batch_size",
                                      "max_length", "length_buckets", "seed", "intermediate_pairs")
-              + tuple(name for name in ("precision", "freeze_embeddings") if recipe[name] != LATER_FIELDS[name])}
+              + tuple(name for name in LATER_FIELDS if recipe[name] != LATER_FIELDS[name])}
+    if cfg.stage_shards > 1:
+        recipe["sync_every"] = shards.SYNC_EVERY
     prints = {t: d.fingerprint for t, d in _splits(cfg, split).items()}
     blob = json.dumps({"recipe": recipe, "data": prints, "version": 1}, sort_keys=True)
     return hashlib.sha256(blob.encode()).hexdigest()[:20]
@@ -105,13 +107,17 @@ def warm_start(cfg: TeacherConfig, split: PairData, cache_root: Path, device: st
     splits = _splits(cfg, split)
     pairs, y = _sample(splits, cfg.intermediate_pairs, cfg.seed)
     t0 = time.perf_counter()
-    ce = recipe.load(cfg, device, seed=cfg.seed)
-    curve = recipe.fit(ce, pairs, y, stage_config(cfg), cfg.seed, progress=lambda m: progress(f"intermediate stage: {m}"))
-    record = {"tasks": list(splits), "pairs": len(pairs), "fingerprints": {t: d.fingerprint for t, d in splits.items()},
-              "curve": curve, "seconds": round(time.perf_counter() - t0, 1), "key": key}
+    say = lambda m: progress(f"intermediate stage: {m}")  # noqa: E731
     tmp = folder.with_name(folder.name + ".tmp")
     shutil.rmtree(tmp, ignore_errors=True)
-    ce.save_pretrained(str(tmp), safe_serialization=True)
+    if cfg.stage_shards > 1:
+        curve, extra = shards.fit_shards(cfg, stage_config(cfg), pairs, y, device, tmp, say)
+    else:
+        ce = recipe.load(cfg, device, seed=cfg.seed)
+        curve, extra = recipe.fit(ce, pairs, y, stage_config(cfg), cfg.seed, progress=say), {}
+        ce.save_pretrained(str(tmp), safe_serialization=True)
+    record = {"tasks": list(splits), "pairs": len(pairs), "fingerprints": {t: d.fingerprint for t, d in splits.items()},
+              "curve": curve, "seconds": round(time.perf_counter() - t0, 1), "key": key, **extra}
     (tmp / RECORD).write_text(json.dumps(record, indent=2))
     try:
         tmp.rename(folder)

@@ -103,14 +103,17 @@ def spearman_or_nan(a: np.ndarray, b: np.ndarray) -> float:
 
 def fit(ce, pairs: list[list[str]], y: np.ndarray, cfg: TeacherConfig, seed: int,
         es_pairs: list[list[str]] | None = None, es_y: np.ndarray | None = None,
-        progress: Callable[[str], None] | None = None) -> list[dict[str, float]]:
+        progress: Callable[[str], None] | None = None,
+        after_step: Callable[[int], None] | None = None) -> list[dict[str, float]]:
     """Fine-tune `ce` in place on (pairs, y); returns the per-epoch curve. With an early-stopping slice the
-    best epoch's weights are restored and training stops after `patience` epochs without improvement."""
+    best epoch's weights are restored and training stops after `patience` epochs without improvement.
+    after_step(step): called after every optimizer step (counted from 0 over all epochs), e.g. to average the weights
+    of shards (`teacher.shards`)."""
     # dropout draws from torch's global generator (transformers takes no generator): seed it inside a fork so
     # the caller's random state is left as it was
     with torch.random.fork_rng(devices=[]):
         torch.manual_seed(seed)
-        return _fit_epochs(ce, pairs, y, cfg, np.random.default_rng(seed), es_pairs, es_y, progress)
+        return _fit_epochs(ce, pairs, y, cfg, np.random.default_rng(seed), es_pairs, es_y, progress, after_step)
 
 
 def warmup_then_decay(opt: torch.optim.Optimizer, total: int, warmup: float) -> torch.optim.lr_scheduler.LambdaLR:
@@ -153,7 +156,17 @@ def _prepare(ce, cfg: TeacherConfig) -> str:
     return precision
 
 
-def _fit_epochs(ce, pairs, y, cfg, g: np.random.Generator, es_pairs, es_y, progress) -> list[dict[str, float]]:
+def _optimizer(model: torch.nn.Module, cfg: TeacherConfig, device: torch.device, steps: int):
+    """(AdamW, its warmup-then-decay schedule over `steps`)."""
+    # fused: one kernel over all the weights instead of a loop over ~100 tensors (on 2 CPU cores 8 ms a step instead
+    # of 25 of a fold's ~325; the same update up to rounding)
+    opt = torch.optim.AdamW(param_groups(model, cfg.weight_decay), lr=cfg.lr,
+                            fused=True if device.type in ("cpu", "cuda") else None)
+    return opt, warmup_then_decay(opt, steps, cfg.warmup)
+
+
+def _fit_epochs(ce, pairs, y, cfg, g: np.random.Generator, es_pairs, es_y, progress,
+                after_step=None) -> list[dict[str, float]]:
     if cfg.both_orders:
         pairs = pairs + [[b, a] for a, b in pairs]
         y = np.concatenate([y, y])
@@ -161,12 +174,11 @@ def _fit_epochs(ce, pairs, y, cfg, g: np.random.Generator, es_pairs, es_y, progr
     yt = torch.as_tensor(y, dtype=torch.float32)
     model = ce.model
     precision = _prepare(ce, cfg)
-    opt = torch.optim.AdamW(param_groups(model, cfg.weight_decay), lr=cfg.lr)
     steps_per_epoch = math.ceil(len(pairs) / cfg.batch_size)
-    sched = warmup_then_decay(opt, steps_per_epoch * cfg.epochs, cfg.warmup)
+    opt, sched = _optimizer(model, cfg, ce.device, steps_per_epoch * cfg.epochs)
     loss_fn = torch.nn.BCEWithLogitsLoss()
     curve: list[dict[str, float]] = []
-    best_score, best_state, since_best = -math.inf, None, 0
+    best_score, best_state, since_best, step = -math.inf, None, 0, 0
     for epoch in range(1, cfg.epochs + 1):
         model.train()
         t0, loss_sum = time.perf_counter(), 0.0
@@ -183,6 +195,9 @@ def _fit_epochs(ce, pairs, y, cfg, g: np.random.Generator, es_pairs, es_y, progr
             torch.nn.utils.clip_grad_norm_(model.parameters(), cfg.grad_clip)
             opt.step()
             sched.step()
+            if after_step is not None:
+                after_step(step)
+            step += 1
             loss_sum += float(loss.detach()) * len(idx)
             if ticker is not None:
                 ticker.update(1)

@@ -1,0 +1,117 @@
+"""The intermediate stage as shards that average their weights every few steps (local SGD), a process each.
+
+On a CPU of few cores, one process of two threads keeps them less busy than two processes of one thread each (a
+cross-encoder step on small batches is many small matrix products). Averaging the gradients of two processes every
+step (synchronous data parallelism) gives that gain back to the wait and the all-reduce of every step (measured on
+2 cores: 0.91x). Here each of `stage_shards` processes trains its own share of the stage's pairs, with its own
+optimizer and dropout, on batches of batch_size / shards (so the steps and the learning-rate schedule are those of
+one process), and every `SYNC_EVERY` steps, and once at the end, the shards' trained weights are replaced by their
+mean: one gloo all-reduce over loopback per SYNC_EVERY steps. This is local SGD (Stich 2019; Lin et al. 2020) with
+the optimizer state kept per shard.
+
+Every shard starts from the same weights (the new head drawn from cfg.seed) and the shards are a seeded split of
+the pairs: the stage is the same model on any machine, whatever its cores (the shards are the recipe; the processes
+only run them), up to the rounding of another thread count.
+"""
+from __future__ import annotations
+
+import dataclasses
+import datetime
+import tempfile
+import time
+from pathlib import Path
+from typing import TYPE_CHECKING, Any, Callable
+
+import numpy as np
+import torch
+
+from embed_lib.teacher import recipe, workers
+
+if TYPE_CHECKING:
+    from embed_lib.teacher.config import TeacherConfig
+
+#: optimizer steps between two averages of the shards' weights (part of the stage's cache key)
+SYNC_EVERY = 16
+
+
+def shard_rows(n: int, shards: int, seed: int) -> list[np.ndarray]:
+    """The pairs of each shard: a seeded permutation of range(n) dealt out in turn (sizes differ by at most one)."""
+    perm = np.random.default_rng(seed).permutation(n)
+    return [np.sort(perm[k::shards]) for k in range(shards)]
+
+
+def _average(params: list[torch.nn.Parameter], world: int) -> None:
+    import torch.distributed as dist
+
+    with torch.no_grad():
+        flat = torch.cat([p.detach().reshape(-1).to("cpu", torch.float32) for p in params])
+        dist.all_reduce(flat)
+        flat /= world
+        offset = 0
+        for p in params:
+            p.copy_(flat[offset:offset + p.numel()].view_as(p))
+            offset += p.numel()
+
+
+def _shard(rank: int, cfg: TeacherConfig, stage: TeacherConfig, pairs: list[list[str]], y: np.ndarray, device: str,
+           sync_every: int, rendezvous: str, out: str, progress: Callable[[str], None]) -> dict[str, Any]:
+    """Shard `rank` of the stage; rank 0 saves the averaged model to `out`. Module-level: it runs in a worker."""
+    import torch.distributed as dist
+
+    world = cfg.stage_shards
+    # a shard that dies leaves the others waiting at the next average: they give up after this long
+    dist.init_process_group("gloo", init_method=f"file://{rendezvous}", rank=rank, world_size=world,
+                            timeout=datetime.timedelta(minutes=10))
+    try:
+        rows = shard_rows(len(pairs), world, cfg.seed)
+        per_shard = stage.batch_size // world
+        shard_cfg = dataclasses.replace(stage, batch_size=max(2, per_shard))
+        # every shard takes at least this many steps: the averages inside it are the same calls in every process
+        common = min(-(-len(r) // shard_cfg.batch_size) for r in rows) * shard_cfg.epochs
+        ce = recipe.load(cfg, device, seed=cfg.seed)  # the same starting weights in every shard
+        trained: list[torch.nn.Parameter] = []
+        waited = [0.0, 0]
+
+        def after_step(step: int) -> None:
+            if (step + 1) % sync_every == 0 and step + 1 <= common:
+                if not trained:  # the weights that train (the frozen embeddings are equal in every shard anyway)
+                    trained.extend(p for p in ce.model.parameters() if p.requires_grad)
+                t = time.perf_counter()
+                _average(trained, world)
+                waited[0] += time.perf_counter() - t
+                waited[1] += 1
+
+        mine = rows[rank]
+        curve = recipe.fit(ce, [pairs[i] for i in mine], y[mine], shard_cfg, cfg.seed * 1000 + rank,
+                           progress=progress if rank == 0 else None, after_step=after_step)
+        trained[:] = trained or [p for p in ce.model.parameters() if p.requires_grad]
+        _average(trained, world)
+        dist.barrier()
+        if rank == 0:
+            ce.save_pretrained(out, safe_serialization=True)
+        return {"rank": rank, "pairs": len(mine), "curve": curve, "averages": waited[1] + 1,
+                "average_seconds": round(waited[0], 1)}
+    finally:
+        dist.destroy_process_group()
+
+
+def fit_shards(cfg: TeacherConfig, stage: TeacherConfig, pairs: list[list[str]], y: np.ndarray, device: str,
+               out: Path, progress: Callable[[str], None], sync_every: int = SYNC_EVERY
+               ) -> tuple[list[dict[str, float]], dict[str, Any]]:
+    """Train the stage (`stage`: its recipe, `intermediate.stage_config`) as `cfg.stage_shards` shards at once, each in
+    a spawned process of cores / shards threads (at least one), their weights averaged every `sync_every` steps and
+    at the end, and save the averaged model to `out`. Returns (shard 0's curve, the record's extra fields)."""
+    shards = cfg.stage_shards
+    threads = max(1, workers.cpu_cores() // shards)
+    progress(f"{shards} shards at once, in {shards} processes of {threads} thread(s), weights averaged every "
+             f"{sync_every} steps")
+    t0 = time.perf_counter()
+    with tempfile.TemporaryDirectory(prefix="embed-stage-") as tmp:
+        results = workers.run_folds(_shard, [(k, cfg, stage, pairs, y, device, sync_every, f"{tmp}/rendezvous",
+                                              str(out))
+                                             for k in range(shards)], shards, threads, progress)
+    rate = round(len(pairs) / (time.perf_counter() - t0), 1)
+    progress(f"{shards} shards averaged: {len(pairs)} pairs, {rate} pairs/s together")
+    curve = results[0]["curve"]  # shard 0's: its share of the pairs
+    return curve, {"shards": shards, "shard_threads": threads, "sync_every": sync_every, "pairs_per_s": rate,
+                   "shard_records": [{k: v for k, v in r.items() if k != "curve"} for r in results]}
