@@ -35,21 +35,26 @@ def test_shard_rows_deal_every_pair_to_exactly_one_shard():
     assert any((a != b).any() for a, b in zip(rows, shards.shard_rows(11, 3, seed=6)))
 
 
-def test_the_stage_is_the_mean_of_its_shards(stage_pairs, tmp_path):
+def test_the_stage_is_the_mean_of_its_shards_and_averaging_mid_run_keeps_them_together(stage_pairs, tmp_path):
     """No average inside the run (sync_every beyond its steps): the saved model is, weight for weight, the mean of the
-    two shards each trained alone from the same start, here in this process."""
+    two shards each trained alone from the same start, here in this process. Averaging after every step takes
+    another path."""
     pairs, y = stage_pairs
-    curve, extra = shards.fit_shards(CFG, STAGE, pairs, y, "cpu", tmp_path / "stage", lambda m: None,
+    curve, never = shards.fit_shards(CFG, STAGE, pairs, y, "cpu", tmp_path / "never", lambda m: None,
                                      sync_every=10**6)
-    assert extra["shards"] == 2 and [r["averages"] for r in extra["shard_records"]] == [1, 1]
-    assert [r["pairs"] for r in extra["shard_records"]] == [12, 12] and curve[0]["epoch"] == 1
-    alone = []
-    torch.set_num_threads(1)
-    for k, rows in enumerate(shards.shard_rows(len(pairs), 2, CFG.seed)):
-        ce = recipe.load(CFG, "cpu", seed=CFG.seed)
-        recipe.fit(ce, [pairs[i] for i in rows], y[rows], dataclasses.replace(STAGE, batch_size=4), CFG.seed * 1000 + k)
-        alone.append(_trained(ce))
-    saved = _trained(recipe.load(CFG, "cpu", start=str(tmp_path / "stage")))
+    assert never["shards"] == 2 and [r["averages"] for r in never["shard_records"]] == [1, 1]
+    assert [r["pairs"] for r in never["shard_records"]] == [12, 12] and curve[0]["epoch"] == 1
+    alone, threads = [], torch.get_num_threads()
+    torch.set_num_threads(1)  # as each shard's process has it on 2 cores (rounding)
+    try:
+        for k, rows in enumerate(shards.shard_rows(len(pairs), 2, CFG.seed)):
+            ce = recipe.load(CFG, "cpu", seed=CFG.seed)
+            recipe.fit(ce, [pairs[i] for i in rows], y[rows], dataclasses.replace(STAGE, batch_size=4),
+                       CFG.seed * 1000 + k)
+            alone.append(_trained(ce))
+    finally:
+        torch.set_num_threads(threads)
+    saved = _trained(recipe.load(CFG, "cpu", start=str(tmp_path / "never")))
     assert alone[0].keys() == saved.keys()
     moved = 0
     for name, weight in saved.items():
@@ -57,15 +62,10 @@ def test_the_stage_is_the_mean_of_its_shards(stage_pairs, tmp_path):
         moved += not torch.allclose(alone[0][name], alone[1][name])
     assert moved > 10  # the two shards did train apart: the mean is not either of them
 
-
-def test_averaging_every_step_keeps_the_shards_together(stage_pairs, tmp_path):
-    pairs, y = stage_pairs
     _, every = shards.fit_shards(CFG, STAGE, pairs, y, "cpu", tmp_path / "every", lambda m: None, sync_every=1)
-    _, never = shards.fit_shards(CFG, STAGE, pairs, y, "cpu", tmp_path / "never", lambda m: None, sync_every=10**6)
     assert [r["averages"] for r in every["shard_records"]] == [4, 4]  # after each of the 3 steps, and at the end
-    a = _trained(recipe.load(CFG, "cpu", start=str(tmp_path / "every")))
-    b = _trained(recipe.load(CFG, "cpu", start=str(tmp_path / "never")))
-    assert any(not torch.allclose(a[n], b[n]) for n in a)  # averaging mid-run changes the path the weights take
+    synced = _trained(recipe.load(CFG, "cpu", start=str(tmp_path / "every")))
+    assert any(not torch.allclose(synced[n], saved[n]) for n in saved)
 
 
 def test_the_shards_are_part_of_the_stage_and_the_fast_recipe(data_dir):

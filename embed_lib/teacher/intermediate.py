@@ -9,7 +9,8 @@ What it may read, so that the teacher's held-out scores stay held out: only the 
 intermediate task, and never the teacher's own task (its train pairs are the folds' held-out pairs). The
 stage is cached under <cache>/teacher/intermediate/<key>/, keyed by the backbone, the recipe and the
 intermediate data's fingerprints, and shared by every fold, by presets of the same stage recipe (light and strong;
-fast trains its own in bf16) and by the served teacher of a task.
+fast trains its own: bf16, frozen word embeddings, two shards averaged every few steps, `teacher.shards`) and by the
+served teacher of a task.
 """
 from __future__ import annotations
 

@@ -5,7 +5,7 @@ process of 2 threads trains 49 pairs/s, two processes of one thread 66 together,
 processes of `cores // K` threads (at least one) finish sooner than one after another on every thread. The
 processes are spawned (never forked: the caller may hold Ray's or a server's threads) and send their progress
 lines back here. Each fold seeds itself, so its model is the same whichever process trains it, up to the
-rounding of a different thread count.
+rounding of a different thread count. `run_folds` also runs the intermediate stage's shards (`teacher.shards`).
 """
 from __future__ import annotations
 
