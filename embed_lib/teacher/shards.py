@@ -40,17 +40,17 @@ def shard_rows(n: int, shards: int, seed: int) -> list[np.ndarray]:
     return [np.sort(perm[k::shards]) for k in range(shards)]
 
 
-def _average(params: list[torch.nn.Parameter], world: int) -> None:
+def _average(model: torch.nn.Module, world: int) -> None:
+    """Replace the weights that train (the frozen embeddings are equal in every shard anyway) by their mean over the
+    shards: one all-reduce of them as one vector."""
     import torch.distributed as dist
+    from torch.nn.utils import parameters_to_vector, vector_to_parameters
 
+    params = [p for p in model.parameters() if p.requires_grad]
     with torch.no_grad():
-        flat = torch.cat([p.detach().reshape(-1).to("cpu", torch.float32) for p in params])
+        flat = parameters_to_vector(params).to("cpu", torch.float32)
         dist.all_reduce(flat)
-        flat /= world
-        offset = 0
-        for p in params:
-            p.copy_(flat[offset:offset + p.numel()].view_as(p))
-            offset += p.numel()
+        vector_to_parameters((flat / world).to(params[0].device), params)
 
 
 def _shard(rank: int, cfg: TeacherConfig, stage: TeacherConfig, pairs: list[list[str]], y: np.ndarray, device: str,
@@ -69,23 +69,19 @@ def _shard(rank: int, cfg: TeacherConfig, stage: TeacherConfig, pairs: list[list
         # every shard takes at least this many steps: the averages inside it are the same calls in every process
         common = min(-(-len(r) // shard_cfg.batch_size) for r in rows) * shard_cfg.epochs
         ce = recipe.load(cfg, device, seed=cfg.seed)  # the same starting weights in every shard
-        trained: list[torch.nn.Parameter] = []
         waited = [0.0, 0]
 
         def after_step(step: int) -> None:
             if (step + 1) % sync_every == 0 and step + 1 <= common:
-                if not trained:  # the weights that train (the frozen embeddings are equal in every shard anyway)
-                    trained.extend(p for p in ce.model.parameters() if p.requires_grad)
                 t = time.perf_counter()
-                _average(trained, world)
+                _average(ce.model, world)
                 waited[0] += time.perf_counter() - t
                 waited[1] += 1
 
         mine = rows[rank]
         curve = recipe.fit(ce, [pairs[i] for i in mine], y[mine], shard_cfg, cfg.seed * 1000 + rank,
                            progress=progress if rank == 0 else None, after_step=after_step)
-        trained[:] = trained or [p for p in ce.model.parameters() if p.requires_grad]
-        _average(trained, world)
+        _average(ce.model, world)
         dist.barrier()
         if rank == 0:
             ce.save_pretrained(out, safe_serialization=True)
