@@ -117,6 +117,9 @@ class Ingress:
                                 f"{self.args.max_inflight}); retry later.", headers={"Retry-After": "1"})
         self.inflight += 1
         try:
+            if hasattr(asyncio, "timeout"):  # Python 3.11+: a deadline on this task (wait_for starts a task more)
+                async with asyncio.timeout(self.args.request_timeout_s):
+                    return await coro
             return await asyncio.wait_for(coro, self.args.request_timeout_s)
         except asyncio.TimeoutError:
             raise ApiError(504, f"Request exceeded request_timeout_s={self.args.request_timeout_s}.") from None

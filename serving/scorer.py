@@ -14,6 +14,7 @@ import numpy as np
 
 from embed_lib.training.cascade import mix, route
 from embed_lib.training.export import ensemble_scores, project
+from embed_lib.training.fused import FusedEnsemble
 
 
 class LRU:
@@ -78,13 +79,14 @@ class PairScorer:
                  projection_cache_size: int = 50_000) -> None:
         self.projection_cache_size = projection_cache_size
         self.near = LRU(cache_size)
-        self.model, self.info, self.projected = None, {}, LRU(projection_cache_size)
+        self.model, self.info, self.projected, self.fused = None, {}, LRU(projection_cache_size), None
         if model is not None:
             self.set_model(model, info or {})
 
     def set_model(self, model, info: dict[str, Any]) -> None:
         """Swap the adapter: its projections are emptied with it (they belong to the old model)."""
         self.model, self.info, self.projected = model, info, LRU(self.projection_cache_size)
+        self.fused = FusedEnsemble(model) if FusedEnsemble.supports(model) else None
 
     def add_vectors(self, texts: Sequence[str], vectors: np.ndarray) -> None:
         for t, v in zip(texts, vectors):
@@ -105,7 +107,7 @@ class PairScorer:
         """{'score', 'baseline', 'difficulty'} (n,) each, for pairs whose texts are all in `vectors`.
         Synchronous: one model scores the whole request even while a swap waits. Cosines (the frozen
         baseline, a per-sentence form's score) and the residual's score are clipped to [-1, 1]."""
-        model, projected = self.model, self.projected
+        model, projected, fused = self.model, self.projected, self.fused
         if model is None:
             raise RuntimeError("No model loaded yet.")
         texts = list(dict.fromkeys(t for p in pairs for t in p))
@@ -113,7 +115,10 @@ class PairScorer:
         h = projections(model, projected, texts, X)
         row = {t: i for i, t in enumerate(texts)}
         ia, ib = [row[a] for a, _ in pairs], [row[b] for _, b in pairs]
-        out = ensemble_scores(model, X[ia], X[ib], *((None, None) if h is None else (h[:, ia], h[:, ib])))
+        if fused is not None:
+            out = fused.scores(X[ia], X[ib], h[:, ia], h[:, ib])
+        else:
+            out = ensemble_scores(model, X[ia], X[ib], *((None, None) if h is None else (h[:, ia], h[:, ib])))
         return {"score": np.clip(out["score"], -1.0, 1.0), "baseline": np.clip(out["baseline"], -1.0, 1.0),
                 "difficulty": out["difficulty"]}
 
