@@ -37,8 +37,8 @@ from embed_lib.encoding.weights import resolve_model
 from embed_lib.pipeline.prepare import load_study
 from embed_lib.tracking.registry import evidence_of, load_registered, log_adapter_model, promote
 from embed_lib.tracking.runs import set_experiment
-from embed_lib.training.export import ensemble_scores
 from embed_lib.training.seed_group import train_seed_group
+from serving.scorer import PairScorer
 
 #: the cascade cell's cross-encoder budget (the issue's target: >= 8x the cross-encoder's pairs/s at b = 0.1)
 CASCADE_BUDGET = 0.1
@@ -91,11 +91,13 @@ def _register(tracking: str, encoder_backend: str = "torch"):
 
 
 def _in_process(dim: int, sentences: list[str], cross_encoder: str) -> tuple[float, float]:
-    """Pairs/s on one thread, no Serve, no HTTP: the adapter on cached vectors, the cross-encoder on texts."""
+    """Pairs/s on one thread, no Serve, no HTTP: the adapter as the ingress replica scores a warm request (its
+    `PairScorer`, vectors and projections cached), the cross-encoder on texts."""
     model, _, _ = load_registered("models:/pair-residual-stsb@champion")
-    xa = np.random.default_rng(0).standard_normal((32, dim)).astype(np.float32)
-    xb = xa[::-1].copy()
-    adapter = one_thread_pairs_per_s(lambda: ensemble_scores(model, xa, xb), 2.0)
+    scorer = PairScorer(model, {"name": "pair-residual-stsb"})
+    vectors = dict(zip(sentences[:64], np.random.default_rng(0).standard_normal((64, dim)).astype(np.float32)))
+    pairs = [(sentences[2 * j], sentences[2 * j + 1]) for j in range(32)]
+    adapter = one_thread_pairs_per_s(lambda: scorer.score_vectors(pairs, vectors), 2.0)
     ce = CrossEncoder(resolve_model(cross_encoder), device="cpu")
     ce_pairs = [[sentences[j], sentences[j + 1]] for j in range(32)]
     return adapter, one_thread_pairs_per_s(lambda: ce.predict(ce_pairs, batch_size=32, show_progress_bar=False), 4.0)
