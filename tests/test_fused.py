@@ -65,8 +65,9 @@ def test_a_one_seed_residual_computed_by_hand():
     xa, xb = _vectors(2)
     ha, hb = project(model, xa), project(model, xb)
     got = FusedEnsemble(model).scores(xa, xb, ha, hb)["score"]
-    W1, b1 = model.delta.inner.weight[0].detach().double().numpy(), model.delta.inner.bias[0, 0].detach().double().numpy()
-    w2, b2 = model.delta.outer.weight[0, :, 0].detach().double().numpy(), float(model.delta.outer.bias[0, 0, 0].detach())
+    inner, outer = model.delta.inner, model.delta.outer
+    W1, b1 = inner.weight[0].detach().double().numpy(), inner.bias[0, 0].detach().double().numpy()
+    w2, b2 = outer.weight[0, :, 0].detach().double().numpy(), float(outer.bias[0, 0, 0].detach())
     for i in range(N):
         a, b = ha[0, i].astype(np.float64), hb[0, i].astype(np.float64)
         z = np.concatenate([np.abs(a - b), a * b]) @ W1 + b1
