@@ -2,7 +2,7 @@
 
 `PairScorer` holds the adapter, a near cache of sentence vectors (what this replica has seen) and a
 cache of each sentence's adapter projection, so a pair of cached sentences runs only the adapter's
-pair-level layers. It knows nothing of HTTP or Ray: the ingress fetches the vectors it lacks (from the
+pair-level layers (for the pair forms fused for inference: embed_lib.training.fused). It knows nothing of HTTP or Ray: the ingress fetches the vectors it lacks (from the
 encoder deployment) and hands them over; tests drive it with any vector source.
 """
 from __future__ import annotations
@@ -85,8 +85,8 @@ class PairScorer:
 
     def set_model(self, model, info: dict[str, Any]) -> None:
         """Swap the adapter: its projections are emptied with it (they belong to the old model)."""
-        self.model, self.info, self.projected = model, info, LRU(self.projection_cache_size)
-        self.fused = FusedEnsemble(model) if FusedEnsemble.supports(model) else None
+        fused = FusedEnsemble(model) if FusedEnsemble.supports(model) else None
+        self.model, self.info, self.projected, self.fused = model, info, LRU(self.projection_cache_size), fused
 
     def add_vectors(self, texts: Sequence[str], vectors: np.ndarray) -> None:
         for t, v in zip(texts, vectors):
