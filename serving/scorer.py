@@ -2,8 +2,9 @@
 
 `PairScorer` holds the adapter, a near cache of sentence vectors (what this replica has seen) and a
 cache of each sentence's adapter projection, so a pair of cached sentences runs only the adapter's
-pair-level layers (for the pair forms fused for inference: embed_lib.training.fused). It knows nothing of HTTP or Ray: the ingress fetches the vectors it lacks (from the
-encoder deployment) and hands them over; tests drive it with any vector source.
+pair-level layers (the pair forms' fused for inference: embed_lib.training.fused). It knows nothing of
+HTTP or Ray: the ingress fetches the vectors it lacks (from the encoder deployment) and hands them over;
+tests drive it with any vector source.
 """
 from __future__ import annotations
 
