@@ -20,7 +20,7 @@ import numpy as np
 import torch
 import torch.nn.functional as F
 
-from embed_lib.training.adapters import PairAdapter
+from embed_lib.training.adapters import PairAdapter, sim_p
 
 FUSED_FORMS = ("pair_gated", "pair_ungated")
 
@@ -44,7 +44,7 @@ class FusedEnsemble:
             self.b_out = torch.cat([m.outer.bias for m in mlps], -1).contiguous()  # (S, 1, k)
             self.k = len(mlps)
             self.p = model.p.detach().clone()  # scalar (fixed) or (S, 1) (learned)
-            self.gamma, self.width = float(model.gamma), model.width
+            self.gamma = float(model.gamma)
             self.novelty = None if model.novelty is None else model.novelty.bounds.tolist()
 
     @staticmethod
@@ -55,10 +55,8 @@ class FusedEnsemble:
     def scores(self, xa: np.ndarray, xb: np.ndarray, ha: np.ndarray, hb: np.ndarray) -> dict[str, np.ndarray]:
         """xa, xb (n, d) raw vectors; ha, hb (S, n, width [+ 1]) their `project`ions -> {'score', 'baseline',
         'difficulty'} (n,) each, as `ensemble_scores` returns them."""
-        a64, b64 = torch.from_numpy(np.asarray(xa, np.float64)), torch.from_numpy(np.asarray(xb, np.float64))
-        dot = (a64 * b64).sum(-1)
-        na, nb = a64.norm(dim=-1).clamp_min(1e-8), b64.norm(dim=-1).clamp_min(1e-8)
-        s0 = (dot / (na.pow(self.p) * nb.pow(self.p))).float()  # (n,), or (S, n) for a learned p
+        s0 = sim_p(torch.from_numpy(np.asarray(xa, np.float32)), torch.from_numpy(np.asarray(xb, np.float32)),
+                   self.p)  # (n,), or (S, n) for a learned p
         a, b = torch.from_numpy(np.asarray(ha, np.float32)), torch.from_numpy(np.asarray(hb, np.float32))
         w = None
         if self.novelty is not None:  # the familiarity travels as the projection's last column
