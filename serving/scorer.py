@@ -9,7 +9,7 @@ tests drive it with any vector source.
 from __future__ import annotations
 
 from collections import OrderedDict
-from typing import Any, Awaitable, Callable, Sequence
+from typing import Any, Awaitable, Callable, Mapping, Sequence
 
 import numpy as np
 
@@ -54,19 +54,30 @@ class LRU:
                 "hit_rate": self.hits / total if total else None}
 
 
-def projections(model, cache: LRU, texts: list[str], vectors: np.ndarray) -> np.ndarray | None:
-    """(S, n, width) adapter projections of the texts under `model`, kept per text in `cache` (None for the
-    baseline form, which has none)."""
+def projections(model, cache: LRU, texts: Sequence[str], vectors: Mapping[str, np.ndarray]
+                ) -> dict[str, np.ndarray] | None:
+    """text -> its (S, width) adapter projection under `model`, for every text, kept per text in `cache` (None
+    for the baseline form, which has none). `vectors`: text -> raw vector, for the texts not cached yet."""
     if model.form == "baseline":
         return None
     found, missing = cache.get_many(texts)
     if missing:
-        at = {t: i for i, t in enumerate(texts)}
-        h = project(model, vectors[[at[t] for t in missing]])
+        h = project(model, np.stack([vectors[t] for t in missing]))
         for j, t in enumerate(missing):
             found[t] = h[:, j].copy()
             cache.put(t, found[t])
-    return np.stack([found[t] for t in texts], axis=1)
+    return found
+
+
+def gather(table: Mapping[str, np.ndarray], keys: Sequence[str], axis: int = 0) -> np.ndarray:
+    """float32 `np.stack([table[k] for k in keys], axis)`, filled row by row (for a request's few dozen small
+    arrays ~4x faster than np.stack, which makes a view of each first)."""
+    first = table[keys[0]]
+    out = np.empty((*first.shape[:axis], len(keys), *first.shape[axis:]), np.float32)
+    rows = np.moveaxis(out, axis, 0)
+    for j, k in enumerate(keys):
+        rows[j] = table[k]
+    return out
 
 
 #: fetches raw vectors (n, d) for texts the scorer does not hold (the encoder deployment, in the service)
@@ -111,15 +122,13 @@ class PairScorer:
         model, projected, fused = self.model, self.projected, self.fused
         if model is None:
             raise RuntimeError("No model loaded yet.")
-        texts = list(dict.fromkeys(t for p in pairs for t in p))
-        X = np.stack([vectors[t] for t in texts])
-        h = projections(model, projected, texts, X)
-        row = {t: i for i, t in enumerate(texts)}
-        ia, ib = [row[a] for a, _ in pairs], [row[b] for _, b in pairs]
-        if fused is not None:
-            out = fused.scores(X[ia], X[ib], h[:, ia], h[:, ib])
-        else:
-            out = ensemble_scores(model, X[ia], X[ib], *((None, None) if h is None else (h[:, ia], h[:, ib])))
+        if not pairs:
+            return {k: np.zeros(0, np.float32) for k in ("score", "baseline", "difficulty")}
+        a, b = [p[0] for p in pairs], [p[1] for p in pairs]
+        xa, xb = gather(vectors, a), gather(vectors, b)
+        h = projections(model, projected, a + b, vectors)
+        ha, hb = (None, None) if h is None else (gather(h, a, axis=1), gather(h, b, axis=1))  # (S, n, width)
+        out = fused.scores(xa, xb, ha, hb) if fused is not None else ensemble_scores(model, xa, xb, ha, hb)
         return {"score": np.clip(out["score"], -1.0, 1.0), "baseline": np.clip(out["baseline"], -1.0, 1.0),
                 "difficulty": out["difficulty"]}
 

@@ -65,21 +65,37 @@ def test_lru_is_bounded_and_counts_hits_and_misses():
 
 def test_projection_cache_reuses_projections_and_matches_the_plain_path():
     from embed_lib.training.export import ensemble_scores
-    from serving.scorer import LRU, projections
+    from serving.scorer import LRU, gather, projections
 
     model = _model()
     texts = [f"t{i}" for i in range(6)]
     vectors = np.random.default_rng(0).standard_normal((6, 8)).astype(np.float32)
+    table = dict(zip(texts, vectors))
     cache = LRU(100)
     ia, ib = [0, 1, 2], [3, 4, 5]
     plain = ensemble_scores(model, vectors[ia], vectors[ib])["score"]
     for expected_misses in (6, 6):  # the second request computes nothing new
-        h = projections(model, cache, texts, vectors)
-        assert h.shape == (2, 6, model.norm.weight.shape[-1])
+        h = projections(model, cache, texts + texts[:2], table)  # a text asked twice is projected once
+        assert set(h) == set(texts) and h["t0"].shape == (2, model.norm.weight.shape[-1])
         assert cache.stats()["misses"] == expected_misses
-        np.testing.assert_allclose(ensemble_scores(model, vectors[ia], vectors[ib], h[:, ia], h[:, ib])["score"],
+        ha, hb = gather(h, texts[:3], axis=1), gather(h, texts[3:], axis=1)
+        assert ha.shape == (2, 3, model.norm.weight.shape[-1])
+        np.testing.assert_allclose(ensemble_scores(model, vectors[ia], vectors[ib], ha, hb)["score"],
                                    plain, rtol=0, atol=1e-6)
     assert cache.stats()["hits"] == 6
+    assert projections(_model(form="baseline"), cache, texts, table) is None
+
+
+def test_gather_is_np_stack_in_float32():
+    from serving.scorer import gather
+
+    rng = np.random.default_rng(3)
+    table = {k: rng.standard_normal((2, 3)) for k in "abc"}  # float64 in: float32 out, like the scorer's inputs
+    for axis in (0, 1, 2):
+        keys = ["c", "a", "c", "b"]
+        got = gather(table, keys, axis)
+        np.testing.assert_array_equal(got, np.stack([table[k] for k in keys], axis).astype(np.float32))
+        assert got.dtype == np.float32
 
 
 def test_pair_scorer_scores_like_the_library_fetches_once_and_forgets_projections_on_a_swap():
@@ -110,6 +126,13 @@ def test_pair_scorer_scores_like_the_library_fetches_once_and_forgets_projection
     np.testing.assert_allclose(swapped["score"], ensemble_scores(other, np.stack([table[a] for a, _ in pairs]),
                                                                  np.stack([table[b] for _, b in pairs]))["score"],
                                atol=1e-6)
+
+
+def test_pair_scorer_answers_no_pairs_with_empty_arrays():
+    from serving.scorer import PairScorer
+
+    out = PairScorer(_model(), {"name": "m"}).score_vectors([], {})
+    assert {k: v.shape for k, v in out.items()} == {"score": (0,), "baseline": (0,), "difficulty": (0,)}
 
 
 def test_scores_and_baselines_never_leave_the_unit_interval():
