@@ -3,18 +3,18 @@
     serve run serving.app:build_app model_uri=models:/pair-residual-stsb@champion
     serve deploy serving/config.yaml
 
-Deployments (serving/deployments.py): `Encoder`, an optional `CrossEncoderScorer` (or the same cross-encoder
-inside the ingress replica: `cross_encoder_placement`), `WarmJobs`; and
-`Ingress` here: the routes (our API, plus the request shapes of Cohere's rerank v1 / v2, vLLM's score
-and TEI's rerank, so the clients people have work unchanged), admission control, timeouts, model
-swapping, and a `PairScorer` (serving/scorer.py) that holds the adapter and its caches. The scorer lives
-in the ingress replica rather than in a deployment of its own: a request whose sentences are cached then
-makes no call beyond the ingress, and every deployment hop costs more CPU than scoring a request's
-pairs. The FastAPI app, its one error body and the offline /docs are in serving/api.py. The builder
-refuses a model whose encoder manifest does not match the serving encoder.
+Deployments (serving/deployments.py): `Encoder`, an optional `CrossEncoderScorer` (or the same cross-encoder inside
+the ingress replica: `cross_encoder_placement`), `WarmJobs`; and `Ingress` here: the routes (our API, plus the
+request shapes of Cohere's rerank v1 / v2, vLLM's score and TEI's rerank, so the clients people have work
+unchanged), admission control, timeouts, model swapping, and a `PairScorer` (serving/scorer.py) that holds the
+adapter and its caches. The scorer lives in the ingress replica rather than in a deployment of its own: a request
+whose sentences are cached then makes no call beyond the ingress, and every deployment hop costs more CPU than
+scoring a request's pairs. The FastAPI app, its one error body and the offline /docs are in serving/api.py. The
+builder refuses a model whose encoder manifest does not match the serving encoder; the ingress autoscales on its
+own CPU share as well as on its requests (serving/autoscale.py).
 
-Handlers never block the replica's event loop for long (encoding and the cross-encoder run in worker
-threads): the clusters run with Serve's user code on the main loop (cluster/serve.env).
+Handlers never block the replica's event loop for long (encoding and the cross-encoder run in worker threads):
+the clusters run with Serve's user code on the main loop (cluster/serve.env).
 """
 # no `from __future__ import annotations`: FastAPI reads the request models from real annotations
 
@@ -33,10 +33,11 @@ from ray import serve
 from embed_lib.encoding.cache import EmbeddingCache
 from serving.api import ERRORS, api, found_job, json_response
 from serving.args import AppArgs, deployment_options
+from serving.autoscale import BUSY, CpuShare
 from serving.deployments import (CROSS_ENCODER_CPUS, SHUTDOWN_POLL_S, CrossEncoderScorer, EncodeError, Encoder,
                                  WarmJobs, corpus_texts, cross_encoder_calls, set_threads)
 from serving.errors import ApiError, error_responses
-from serving.model import load_served, pinned_uri, resolve_manifest
+from serving.model import check_requested_model, load_served, pinned_uri, resolve_manifest
 from serving.schemas import (RerankRequest, RerankResponse, ScoreRequest, ScoreResponse, TeiRank, TeiRerankRequest,
                              WarmJob, WarmRequest, check_texts)
 from serving.scorer import PairScorer, RoutingError, cascade_scores
@@ -60,6 +61,11 @@ class Ingress:
         self.manifest = None
         self._ce_info: dict[str, Any] | None = None
         self.scorer = PairScorer(cache_size=self.args.cache_size, projection_cache_size=self.args.projection_cache_size)
+        self._cpu = CpuShare()
+
+    def record_autoscaling_stats(self) -> dict[str, float]:
+        """Serve reads this every few seconds for the ingress's policy (serving/autoscale.py)."""
+        return {BUSY: self._cpu.read()}
 
     def reconfigure(self, user_config: dict[str, Any]) -> None:
         """Load (or swap in place) the adapter: Serve calls this at start and whenever user_config changes."""
@@ -160,22 +166,10 @@ class Ingress:
                 for i, (s, b, d) in enumerate(rows)]
         return {"data": data, **({"cascade": info} if info else {})}
 
-    def _check_model(self, model: str | None) -> None:
-        """A request may name the model (Cohere, vLLM and OpenAI-style clients do): it must be the served one."""
-        if model is None:
-            return
-        info = self.scorer.info
-        served = {info.get("name"), self.model_name, info.get("requested_uri"),
-                  f"models:/{info.get('name')}/{info.get('version')}"}
-        if model not in served:
-            raise ApiError(404, f"model {model!r} is not served here; this service serves {info.get('name')!r} "
-                                f"(version {info.get('version')}): send that name, or omit model.", "model",
-                           type="model_not_found")
-
     @api.post("/v1/score", response_model=None, responses={200: {"model": ScoreResponse}, **ERRORS})
     async def score(self, body: ScoreRequest) -> Response:
         """Similarity of each pair (`pairs`, or vLLM's `text_1` / `text_2`), with the frozen cosine as `baseline`."""
-        self._check_model(body.model)
+        check_requested_model(body.model, self.scorer.info)
         pairs = body.resolved_pairs(self.args.max_pairs, self.args.max_text_chars)
         cascade = None
         if body.cascade or body.budget is not None:
@@ -195,7 +189,7 @@ class Ingress:
         return sorted(out["data"], key=lambda r: -r["score"])
 
     async def _cohere_rerank(self, body: RerankRequest, version: str) -> Response:
-        self._check_model(body.model)
+        check_requested_model(body.model, self.scorer.info)
         texts = body.texts()
         ranked = (await self._ranked(body.query, texts))[: body.top_n or len(texts)]
         results = [{"index": r["index"], "relevance_score": r["score"],
@@ -296,5 +290,7 @@ def build_app(args: dict[str, Any]) -> serve.Application:
         a.cross_encoder, a.cross_encoder_backend, CROSS_ENCODER_CPUS, tracking_uri)
         if a.cross_encoder and a.cross_encoder_placement == "deployment" else None)
     jobs = WarmJobs.bind(encoder)
-    return Ingress.options(**deployment_options(a.ingress, a.access_log, user_config=user_config, **bounds)).bind(
-        encoder, cross, jobs, a.model_dump(), tracking_uri)
+    # the ingress scales on its replicas' CPU share too: behind HAProxy, Serve's count of its requests reads 0
+    policy = "serving.autoscale:ingress_policy"
+    return Ingress.options(**deployment_options(a.ingress, a.access_log, policy, user_config=user_config, **bounds)
+                           ).bind(encoder, cross, jobs, a.model_dump(), tracking_uri)

@@ -18,6 +18,8 @@ class Replicas(BaseModel):
                                      "that losing one node loses one replica")
     downscale_delay_s: float = Field(600.0, ge=0, description="seconds of low load before Serve removes a replica "
                                      "(Serve's default); shorter gives idle nodes back to the autoscaler sooner")
+    upscale_delay_s: float = Field(30.0, ge=0, description="seconds of high load before Serve adds a replica "
+                                   "(Serve's default)")
 
 
 class AppArgs(BaseModel):
@@ -73,10 +75,12 @@ class AppArgs(BaseModel):
                              f"encoder / ingress take {sorted(Replicas.model_fields)}.") from None
 
 
-def deployment_options(r: Replicas, access_log: bool = False, **extra) -> dict[str, Any]:
-    """Serve options of a deployment from its Replicas settings."""
+def deployment_options(r: Replicas, access_log: bool = False, policy: str | None = None, **extra) -> dict[str, Any]:
+    """Serve options of a deployment from its Replicas settings; `policy`: an autoscaling policy's import path
+    (default: Serve's queue-length policy)."""
     spread = {"max_replicas_per_node": r.max_per_node} if r.max_per_node else {}
+    scaling = {"min_replicas": r.min, "max_replicas": r.max, "initial_replicas": max(1, r.min),
+               "target_ongoing_requests": 4, "downscale_delay_s": r.downscale_delay_s,
+               "upscale_delay_s": r.upscale_delay_s, **({"policy": {"policy_function": policy}} if policy else {})}
     return {"ray_actor_options": {"num_cpus": r.num_cpus}, **spread,
-            "logging_config": {"enable_access_log": access_log},
-            "autoscaling_config": {"min_replicas": r.min, "max_replicas": r.max, "initial_replicas": max(1, r.min),
-                                   "target_ongoing_requests": 4, "downscale_delay_s": r.downscale_delay_s}, **extra}
+            "logging_config": {"enable_access_log": access_log}, "autoscaling_config": scaling, **extra}

@@ -18,9 +18,10 @@ from embed_lib.encoding.cache import cache_key, manifest_mismatch
 from embed_lib.encoding.encoders import encoder_manifest
 from embed_lib.tracking.promotion import from_tag
 from embed_lib.tracking.registry import download_adapter
+from embed_lib.training.export import load_adapter
+from serving.errors import ApiError
 
 log = logging.getLogger("ray.serve")  # Serve's logger: lines land in the replica's log, tagged with the replica
-from embed_lib.training.export import load_adapter
 
 
 def _client(tracking_uri: str | None):
@@ -114,3 +115,14 @@ def load_served(user_config: dict[str, Any], tracking_uri: str | None, previous:
              f" (was version {before} in this replica)" if before not in (None, info.get("version")) else "",
              rec.get("reason", "no promotion recorded"))
     return model, info
+
+
+def check_requested_model(model: str | None, info: dict[str, Any]) -> None:
+    """A request may name the model (Cohere, vLLM and OpenAI-style clients do): it must be the served one (`info`:
+    the scorer's), by name, name/version, the URI it was asked by, or its models:/ URI; else 404."""
+    if model is None:
+        return
+    name, version = info.get("name"), info.get("version")
+    if model not in {name, f"{name}/{version}", info.get("requested_uri"), f"models:/{name}/{version}"}:
+        raise ApiError(404, f"model {model!r} is not served here; this service serves {name!r} (version {version}): "
+                            "send that name, or omit model.", "model", type="model_not_found")

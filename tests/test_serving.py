@@ -418,10 +418,12 @@ def test_moving_the_champion_switches_models_without_dropping_requests(served, e
 
 
 @pytest.mark.slow
-def test_an_ingress_replica_killed_under_load_is_replaced_and_the_service_keeps_answering(served, ray_cluster):
-    """Chaos through the default ingress (HAProxy): a second application with two ingress replicas under a closed
-    loop of 4 clients; one replica SIGKILLed. Failed requests are counted (a request in flight on the killed replica
-    can fail); the other replica keeps answering, Serve starts a replacement, and HAProxy routes to it."""
+def test_the_ingress_scales_out_under_load_and_a_replica_killed_is_replaced(served, ray_cluster):
+    """Through the default ingress (HAProxy): a second application, its ingress at 1 replica (up to 2), under a
+    closed loop of 4 clients. Serve scales it out to 2 (behind HAProxy on the replicas' CPU share: Serve's count of
+    ongoing requests reads 0 there, serving/autoscale.py). Then chaos: one replica SIGKILLed. Failed requests are
+    counted (a request in flight on the killed replica can fail); the other replica keeps answering, Serve starts
+    a replacement, and HAProxy routes to it."""
     import signal
 
     from ray import serve
@@ -435,7 +437,8 @@ def test_an_ingress_replica_killed_under_load_is_replaced_and_the_service_keeps_
                                        filters=[("state", "=", "ALIVE")], limit=1000)
                 if a.class_name == "ServeReplica:chaos:Ingress"]
 
-    serve.run(build_app({**served["args"], "max_inflight": 16, "ingress": {"min": 2, "max": 2, "num_cpus": 0.25},
+    serve.run(build_app({**served["args"], "max_inflight": 16, "max_pairs": 32,
+                         "ingress": {"min": 1, "max": 2, "num_cpus": 0.25, "upscale_delay_s": 0},
                          "encoder": {"min": 1, "max": 1, "num_cpus": 0.25}}), name="chaos", route_prefix="/chaos")
     url = served["url"] + "/chaos/v1/score"
     events, stop = [], threading.Event()  # (time, status)
@@ -444,17 +447,24 @@ def test_an_ingress_replica_killed_under_load_is_replaced_and_the_service_keeps_
         session = requests.Session()
         while not stop.is_set():
             try:
-                code = session.post(url, json={"pairs": PAIRS[:2]}, timeout=30).status_code
+                code = session.post(url, json={"pairs": PAIRS * 10}, timeout=30).status_code
             except requests.RequestException:
                 code = 0
             events.append((time.time(), code))
 
     threads = [threading.Thread(target=load) for _ in range(4)]
     try:
-        (victim, *_), replaced = ingress_replicas(), None
+        assert len(ingress_replicas()) == 1
+        scaled, replaced, t_load = None, None, time.time()
         for th in threads:
             th.start()
-        time.sleep(3)
+        while time.time() - t_load < 90 and scaled is None:
+            time.sleep(0.5)
+            if len(ingress_replicas()) == 2:
+                scaled = time.time() - t_load
+        assert scaled is not None, "the ingress did not scale out to 2 replicas within 90 s of load"
+        time.sleep(2)  # load on both
+        victim = ingress_replicas()[0]
         os.kill(victim.pid, signal.SIGKILL)
         t_kill = time.time()
         while time.time() - t_kill < 60 and replaced is None:
@@ -474,6 +484,8 @@ def test_an_ingress_replica_killed_under_load_is_replaced_and_the_service_keeps_
     assert sum(1 for t, c in events if c == 200 and t > t_kill) > 0  # answered after the kill
     assert sum(1 for t, c in events if c == 200 and t > t_kill + replaced) > 0  # and with the replacement in
     assert len(failed) <= max(4, 0.02 * len(events)), (len(failed), len(events), sorted({c for _, c in failed}))
+    print(f"scaled out after {scaled:.1f} s of load; replaced {replaced:.1f} s after the kill; "
+          f"{len(failed)} of {len(events)} requests failed")
 
 
 def test_an_encoder_mismatch_refuses_to_start(served):

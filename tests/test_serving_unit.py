@@ -474,9 +474,11 @@ def test_replicas_spread_over_nodes_and_give_idle_ones_back_when_asked():
 
     plain = deployment_options(Replicas())
     assert "max_replicas_per_node" not in plain and plain["autoscaling_config"]["downscale_delay_s"] == 600.0
-    spread = deployment_options(Replicas(min=1, max=4, max_per_node=1, downscale_delay_s=10))
+    spread = deployment_options(Replicas(min=1, max=4, max_per_node=1, downscale_delay_s=10, upscale_delay_s=5))
     assert spread["max_replicas_per_node"] == 1
     assert spread["autoscaling_config"] == {"min_replicas": 1, "max_replicas": 4, "initial_replicas": 1,
-                                            "target_ongoing_requests": 4, "downscale_delay_s": 10}
+                                            "target_ongoing_requests": 4, "downscale_delay_s": 10,
+                                            "upscale_delay_s": 5}
+    assert deployment_options(Replicas(), policy="m:f")["autoscaling_config"]["policy"] == {"policy_function": "m:f"}
     with pytest.raises(ValueError, match="max_per_node"):
         Replicas(max_per_node=0)
