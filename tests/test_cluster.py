@@ -4,8 +4,10 @@ from __future__ import annotations
 import json
 import os
 import re
+import shutil
 import subprocess
 import sys
+import time
 from pathlib import Path
 
 import pytest
@@ -301,6 +303,38 @@ def test_the_haproxy_wrapper_puts_stats_and_metrics_on_loopback_and_leaves_the_r
     env.pop("EMBED_HAPROXY_BINARY")
     out = subprocess.run([str(CLUSTER / "haproxy-loopback"), "-f", str(cfg)], env=env, capture_output=True, text=True)
     assert out.returncode != 0 and "EMBED_HAPROXY_BINARY" in out.stderr
+
+
+@pytest.mark.skipif(shutil.which("setpriv") is None, reason="no util-linux setpriv here: HAProxy then outlives a "
+                    "killed parent, as without the wrapper")
+def test_haproxy_dies_with_the_process_that_started_it(tmp_path):
+    """Ray's HAProxyManager starts HAProxy; when that actor's process dies (killed, its driver killed), HAProxy must
+    not live on holding the Serve port. The wrapper's child (a stand-in binary that sleeps) goes with its parent."""
+    fake = tmp_path / "haproxy"
+    fake.write_text("#!/bin/sh\nexec sleep 60\n")
+    fake.chmod(0o755)
+    env = dict(os.environ, EMBED_HAPROXY_BINARY=str(fake))
+    starter = ("import subprocess, sys, time; p = subprocess.Popen([sys.argv[1], '-db', '-f', '/nonexistent']); "
+               "print(p.pid, flush=True); time.sleep(60)")
+    parent = subprocess.Popen([sys.executable, "-c", starter, str(CLUSTER / "haproxy-loopback")], env=env,
+                              stdout=subprocess.PIPE, text=True)
+    child = int(parent.stdout.readline())
+    time.sleep(0.5)  # the wrapper has exec'd the binary
+    assert Path(f"/proc/{child}").exists()
+    parent.kill()
+    parent.wait()
+    deadline = time.time() + 10
+    while time.time() < deadline and _alive(child):
+        time.sleep(0.1)
+    assert not _alive(child), "HAProxy (its stand-in) outlived the process that started it"
+
+
+def _alive(pid: int) -> bool:
+    """Running, not a zombie waiting for a reaper."""
+    try:
+        return Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()[0] != "Z"
+    except OSError:
+        return False
 
 
 def test_two_clusters_get_their_own_haproxy_ports_and_files(tmp_path):
