@@ -305,6 +305,7 @@ def test_the_haproxy_wrapper_puts_stats_and_metrics_on_loopback_and_leaves_the_r
     assert out.returncode != 0 and "EMBED_HAPROXY_BINARY" in out.stderr
 
 
+# skipped only where util-linux's setpriv is missing (not Linux): the wrapper then cannot tie HAProxy to its parent
 @pytest.mark.skipif(shutil.which("setpriv") is None, reason="no util-linux setpriv here: HAProxy then outlives a "
                     "killed parent, as without the wrapper")
 def test_haproxy_dies_with_the_process_that_started_it(tmp_path):
