@@ -41,8 +41,9 @@ def _controller_view(app: str) -> dict:
 
 
 def _one_topology(tmp: str, tracking: str, sentences: list[str], steps: int, seconds: float) -> dict:
-    """A new Ray and Serve with the environment's ingress, the app deployed with its default replicas, then the
-    load in steps; every step's figures and the seconds of load until two ingress replicas ran."""
+    """A new Ray and Serve with the environment's ingress, the app deployed with its default replicas, then one
+    closed loop for steps x seconds, read every `seconds`; the load's figures, the readings and the seconds of load
+    until two ingress replicas ran."""
     import ray
     from ray import serve
 
