@@ -482,3 +482,43 @@ def test_replicas_spread_over_nodes_and_give_idle_ones_back_when_asked():
     assert deployment_options(Replicas(), policy="m:f")["autoscaling_config"]["policy"] == {"policy_function": "m:f"}
     with pytest.raises(ValueError, match="max_per_node"):
         Replicas(max_per_node=0)
+
+
+def test_requests_arriving_together_fill_both_cross_encoder_batch_threads(monkeypatch):
+    """Eight requests that arrive at once (a closed loop of 8 clients whose previous requests one batch answered)
+    are computed as two batches at the same time, each on its own thread, never as one batch of 8 on one thread
+    while the other idles; each request still gets its own pairs' scores."""
+    import threading
+    import time
+    from types import SimpleNamespace
+
+    from ray import serve
+
+    from serving.deployments import BATCHES_IN_FLIGHT, CROSS_ENCODER_MAX_BATCH, CrossEncoderBatches
+
+    lock, running, peak, batches = threading.Lock(), [0], [0], []
+
+    class SlowCrossEncoder:  # one pair per request; a pair's score is its number
+        def score(self, pairs):
+            with lock:
+                running[0] += 1
+                peak[0] = max(peak[0], running[0])
+                batches.append(len(pairs))
+            time.sleep(0.3)
+            with lock:
+                running[0] -= 1
+            return np.array([float(a) for a, _ in pairs], np.float32)
+
+    # outside a replica: @serve.batch reads the replica's max_ongoing_requests when its queue starts
+    monkeypatch.setattr(serve, "get_replica_context",
+                        lambda: SimpleNamespace(_deployment_config=SimpleNamespace(max_ongoing_requests=64)))
+    batcher = CrossEncoderBatches.__new__(CrossEncoderBatches)
+    batcher.ce = SlowCrossEncoder()
+
+    async def together():
+        return await asyncio.gather(*[batcher.score([(str(i), "x")]) for i in range(8)])
+
+    scores = asyncio.run(together())
+    assert [s.tolist() for s in scores] == [[float(i)] for i in range(8)]
+    assert max(batches) <= CROSS_ENCODER_MAX_BATCH < 8 and sum(batches) == 8, batches
+    assert peak[0] == BATCHES_IN_FLIGHT == 2, (peak, batches)
