@@ -8,8 +8,8 @@ in-process, one thread each; and the cascade at b = 0.1 (routed by the gate's di
 Targets on 2 cores (default topology, int8 both, c=8 x 32): warm adapter >= 25x the fastest cross-encoder path,
 p99 <= 25 ms, the cascade at b = 0.1 >= 5x, no failed request. `--runs 3`: every cell three times on the same
 service, headline figures the median over the runs (each run's and min / max kept). `--cells c8x32`: only the
-targets' cells. `--placements deployment,ingress`: the cross-encoder served both ways side by side, one application
-each, measured in alternation; the cascade is also given against the faster cross-encoder-alone cell.
+targets' cells. `--placements ingress,deployment`: the cross-encoder in the ingress (the default) and in a deployment,
+one application each, in alternation, the first the headline; the cascade also over the faster cross-encoder cell.
 
 Topologies: the default is cluster/serve.env's, Ray Serve's HAProxy ingress (RAY_SERVE_ENABLE_HA_PROXY=1): HAProxy
 answers on the Serve port and forwards each request to an ingress replica's own HTTP port; `--with-proxy` measures
@@ -71,9 +71,9 @@ def _parse_args():
                          "encodes with it (cold requests)")
     ap.add_argument("--cross-encoder-backend", default="torch", choices=("torch", "onnx", "onnx-int8"),
                     help="the served cross-encoder's backend")
-    ap.add_argument("--placements", default="deployment",
-                    help="where the cross-encoder runs, comma-separated (deployment, ingress): each placement is an "
-                         "application of its own on the same Serve, measured in alternation (default deployment)")
+    ap.add_argument("--placements", default="ingress",
+                    help="where the cross-encoder runs, comma-separated (ingress, deployment): one application each "
+                         "on the same Serve, in alternation; the first gives the headline (default: ingress, the app's)")
     ap.add_argument("--cells", default="all", choices=("all", "c8x32"),
                     help="all cells (default), or only concurrency 8 with 32 pairs per request (the targets' cells)")
     return ap.parse_args()
@@ -103,7 +103,7 @@ def _in_process(dim: int, sentences: list[str], cross_encoder: str) -> tuple[flo
 
 def _serve(tmp: str, tracking: str, sentences: list[str], cross_encoder: str, direct_ingress: bool,
            cross_encoder_backend: str = "torch", max_pairs: int = 64, ingress_replicas: int = 1,
-           placement: str = "deployment", name: str = "bench", share: float = 1.0) -> str:
+           placement: str = "ingress", name: str = "bench", share: float = 1.0) -> str:
     """The service on a Ray of its own, caches warm; returns the base URL the load goes to. `share` scales the
     replicas' CPU shares (a scheduling figure: below 1 CPU each computes on one thread either way), so that
     two applications fit the 2-CPU node side by side."""
@@ -192,7 +192,7 @@ def _measure(args, tmp: str, tracking: str, sentences: list[str], cross_encoder:
     return runs
 
 
-def _row(run: int, path: str, concurrency: int, pairs: int, res: dict, placement: str = "deployment") -> dict:
+def _row(run: int, path: str, concurrency: int, pairs: int, res: dict, placement: str = "ingress") -> dict:
     """One cell's row (floats rounded), printed as it is measured."""
     row = {"path": path, "cross_encoder_placement": placement, "concurrency": concurrency, "pairs_per_request": pairs,
            **{k: (round(v, 2) if isinstance(v, float) else v) for k, v in res.items()}}
@@ -264,7 +264,7 @@ def _write(args, topologies: dict, in_process: float, in_process_ce: float, plac
         {"haproxy": "_haproxy", "proxy": "", "direct": "_direct_ingress"}[first],
         "_enc-{}_ce-{}".format(*backends) * (backends != ("torch", "torch")),
         f"_ingress-{args.ingress_replicas}" * (args.ingress_replicas != 1),
-        ("_ce-in-" + "-".join(placements)) * (placements != ["deployment"]), f"_{args.cells}" * (args.cells != "all")])
+        ("_ce-in-" + "-".join(placements)) * (placements != ["ingress"]), f"_{args.cells}" * (args.cells != "all")])
     out = {"encoder_backend": args.encoder_backend, "cross_encoder_backend": args.cross_encoder_backend,
            "seconds_per_cell": args.seconds, "ingress_replicas": args.ingress_replicas, "cells": args.cells,
            "cross_encoder_placements": placements, "in_process_adapter_pairs_per_s": round(in_process, 1),

@@ -56,10 +56,9 @@ class AppArgs(BaseModel):
     cross_encoder_backend: Literal["torch", "onnx", "onnx-int8"] = Field(
         "torch", description="inference backend of the cross-encoder (onnx-int8: ~2x faster on CPU)")
     cross_encoder_placement: Literal["deployment", "ingress"] = Field(
-        "deployment", description="where the cross-encoder runs: a deployment of its own (scales apart from the "
-        "ingress, can sit on a GPU node; every call is a deployment hop), or inside each ingress replica (no hop, "
-        "one process fewer; no general throughput gain measured; give the ingress's num_cpus the cross-encoder's "
-        "share)")
+        "ingress", description="where the cross-encoder runs: inside each ingress replica (no deployment hop, one "
+        "process fewer: the faster cascade on one node, results/README.md; give the ingress's num_cpus a share for "
+        "it), or a deployment of its own (scales apart from the ingress, can sit on a GPU node; every call is a hop)")
     cascade_budget: float = Field(0.1, ge=0, le=1, description="default fraction of a cascade request's pairs sent to "
                                   "the cross-encoder (a request may set its own `budget`)")
     encoder: Replicas = Replicas(min=1, max=2, num_cpus=0.5)

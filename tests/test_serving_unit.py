@@ -416,7 +416,7 @@ def test_the_shipped_serve_configs_hold_only_valid_app_args(name):
     config = yaml.safe_load((Path(__file__).resolve().parents[1] / "serving" / name).read_text())
     args = AppArgs.model_validate(config["applications"][0]["args"])
     assert (args.cross_encoder is not None) == (name == "config_cascade.yaml")
-    assert args.cross_encoder_placement == "deployment"
+    assert args.cross_encoder_placement == "ingress"
 
 
 def test_the_cross_encoder_is_called_through_its_handle_or_not_at_all():
@@ -431,7 +431,8 @@ def test_the_cross_encoder_is_called_through_its_handle_or_not_at_all():
     assert asyncio.run(score([("ab", "c")])).tolist() == pytest.approx([0.97]) and handle.calls == [[("ab", "c")]]
     assert asyncio.run(info())["name"] == "fake"
     assert cross_encoder_calls(None, AppArgs(), None) == (None, None)
-    assert cross_encoder_calls(None, AppArgs(cross_encoder="some/ce"), None) == (None, None)
+    assert cross_encoder_calls(None, AppArgs(cross_encoder="some/ce", cross_encoder_placement="deployment"),
+                               None) == (None, None)
 
 
 def test_a_pair_file_is_a_warm_corpus(tmp_path):
