@@ -159,8 +159,8 @@ class Encoder:
 CROSS_ENCODER_CPUS = 0.5
 #: requests in one cross-encoder batch. Requests a batch answered return together, and their clients' next requests
 #: arrive together: with room for 8, a closed loop of 8 clients formed one batch of all 8, computed on one thread
-#: while the other batch thread idled (cross-encoder in the ingress, c=8: 1 core of 2 used; 4: cascade 3,499 against
-#: 2,676 pairs/s, cross-encoder alone 595 against 389; a deployment's batches, ~1.5 requests each, did not change)
+#: while the other batch thread idled (cross-encoder in the ingress, c=8: 1 core of 2 used; 4: cascade 3,617 against
+#: 2,676 pairs/s, cross-encoder alone 583 against 389; a deployment's batches, ~1.5 requests each, did not change)
 CROSS_ENCODER_MAX_BATCH = 4
 
 
