@@ -286,10 +286,11 @@ def build_app(args: dict[str, Any]) -> serve.Application:
         a.warm_corpus_columns)
     user_config = {"model_uri": a.model_uri, "pinned": pinned, "manifest": manifest}
     # cross_encoder_placement='ingress': no deployment; each ingress replica loads the cross-encoder itself
-    cross = (CrossEncoderScorer.options(ray_actor_options={"num_cpus": CROSS_ENCODER_CPUS}, **bounds).bind(
+    logs = {"logging_config": {"enable_access_log": a.access_log}}  # every deployment follows access_log
+    cross = (CrossEncoderScorer.options(ray_actor_options={"num_cpus": CROSS_ENCODER_CPUS}, **logs, **bounds).bind(
         a.cross_encoder, a.cross_encoder_backend, CROSS_ENCODER_CPUS, tracking_uri)
         if a.cross_encoder and a.cross_encoder_placement == "deployment" else None)
-    jobs = WarmJobs.bind(encoder)
+    jobs = WarmJobs.options(**logs).bind(encoder)
     # the ingress scales on its replicas' CPU share too: behind HAProxy, Serve's count of its requests reads 0
     policy = "serving.autoscale:ingress_policy"
     return Ingress.options(**deployment_options(a.ingress, a.access_log, policy, user_config=user_config, **bounds)

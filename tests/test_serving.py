@@ -300,6 +300,7 @@ def test_a_served_cross_encoder_scores_concurrent_requests_like_the_library(serv
     library's scores for their own pairs, whole (scorer="cross_encoder") or routed by a cascade budget, of one or
     two pairs, interleaved; /v1/models says where the cross-encoder runs, and Serve runs a cross-encoder
     deployment only for that placement."""
+    import ray
     import torch
     from ray import serve
     from sentence_transformers import CrossEncoder
@@ -331,6 +332,11 @@ def test_a_served_cross_encoder_scores_concurrent_requests_like_the_library(serv
             expected = reference.score([tuple(p) for p in body["pairs"]])
             assert [d["score"] for d in r.json()["data"]] == pytest.approx(expected.tolist(), abs=1e-5)
             assert {d["path"] for d in r.json()["data"]} == {"cross_encoder"}
+        # access_log is off (the app's default) in the cross-encoder's deployment too: no line per call
+        logs = Path(ray._private.worker._global_node.get_session_dir_path()) / "logs" / "serve"
+        calls = [line for f in logs.glob("replica_cascade_*.log") for line in f.read_text().splitlines()
+                 if " CALL " in line]
+        assert calls == [], calls[:3]
     finally:
         serve.delete("cascade")
 
