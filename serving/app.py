@@ -32,7 +32,7 @@ from ray import serve
 
 from embed_lib.encoding.cache import EmbeddingCache
 from serving.api import ERRORS, api, found_job, json_response
-from serving.args import AppArgs, deployment_options
+from serving.args import AppArgs, deployment_options, log_options
 from serving.autoscale import BUSY, CpuShare
 from serving.deployments import (CROSS_ENCODER_CPUS, SHUTDOWN_POLL_S, CrossEncoderScorer, EncodeError, Encoder,
                                  WarmJobs, corpus_texts, cross_encoder_calls, set_threads)
@@ -286,7 +286,7 @@ def build_app(args: dict[str, Any]) -> serve.Application:
         a.warm_corpus_columns)
     user_config = {"model_uri": a.model_uri, "pinned": pinned, "manifest": manifest}
     # cross_encoder_placement='ingress': no deployment; each ingress replica loads the cross-encoder itself
-    logs = {"logging_config": {"enable_access_log": a.access_log}}  # every deployment follows access_log
+    logs = log_options(a.access_log)  # every deployment follows access_log
     cross = (CrossEncoderScorer.options(ray_actor_options={"num_cpus": CROSS_ENCODER_CPUS}, **logs, **bounds).bind(
         a.cross_encoder, a.cross_encoder_backend, CROSS_ENCODER_CPUS, tracking_uri)
         if a.cross_encoder and a.cross_encoder_placement == "deployment" else None)

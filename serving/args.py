@@ -74,6 +74,11 @@ class AppArgs(BaseModel):
                              f"encoder / ingress take {sorted(Replicas.model_fields)}.") from None
 
 
+def log_options(access_log: bool) -> dict[str, Any]:
+    """Serve's logging option of every deployment of the app: per-request access logs only when asked for."""
+    return {"logging_config": {"enable_access_log": access_log}}
+
+
 def deployment_options(r: Replicas, access_log: bool = False, policy: str | None = None, **extra) -> dict[str, Any]:
     """Serve options of a deployment from its Replicas settings; `policy`: an autoscaling policy's import path
     (default: Serve's queue-length policy)."""
@@ -82,4 +87,4 @@ def deployment_options(r: Replicas, access_log: bool = False, policy: str | None
                "target_ongoing_requests": 4, "downscale_delay_s": r.downscale_delay_s,
                "upscale_delay_s": r.upscale_delay_s, **({"policy": {"policy_function": policy}} if policy else {})}
     return {"ray_actor_options": {"num_cpus": r.num_cpus}, **spread,
-            "logging_config": {"enable_access_log": access_log}, "autoscaling_config": scaling, **extra}
+            **log_options(access_log), "autoscaling_config": scaling, **extra}
