@@ -1,9 +1,9 @@
 """The FastAPI application the ingress serves: its error handlers, the offline /docs, response helpers."""
 # no `from __future__ import annotations`: FastAPI reads annotations at runtime
 
-import json
 from typing import Any
 
+import orjson
 from fastapi import FastAPI
 from fastapi.openapi.docs import get_swagger_ui_html
 from fastapi.responses import HTMLResponse, Response
@@ -14,9 +14,11 @@ from serving.errors import ApiError, error_responses
 
 
 def json_response(body: dict[str, Any] | list[Any], status: int = 200) -> Response:
-    """The hot endpoints' responses, serialised once with the stdlib: FastAPI's generic encoder walks every
-    value of the body again, which costs more than the scoring itself."""
-    return Response(json.dumps(body), status_code=status, media_type="application/json")
+    """The hot endpoints' responses, serialised once with orjson: FastAPI's generic encoder walks every value of
+    the body again, which costs more than the scoring itself, and the stdlib's encoder takes ~0.08 ms for a 32-pair
+    score response (its floats' shortest repr in Python), orjson ~0.01 ms for the same bytes but the spaces."""
+    return Response(orjson.dumps(body, option=orjson.OPT_SERIALIZE_NUMPY), status_code=status,
+                    media_type="application/json")
 
 
 def _docs_assets() -> str | None:

@@ -174,6 +174,30 @@ def test_edge_checks_accept_ordinary_text(text):
     assert text_problem(text, 100) is None
 
 
+def test_the_whole_request_check_agrees_with_the_text_by_text_rules():
+    """check_texts decides a request of plain ASCII texts in one pass (_all_plain): it must never pass a list that
+    text_problem would refuse, and it must take the common case (else the test of agreement proves nothing)."""
+    from hypothesis import given, settings
+    from hypothesis import strategies as st
+
+    from serving.schemas import _all_plain, text_problem
+
+    ascii_ish = st.text(st.sampled_from(["a", "Z", " ", "~", "\t", "\n", "\r", "\x0b", "\x0c", "\x00", "\x1f",
+                                         "\x7f", "\x85", "\u200b", "\ud800", "é"]), max_size=12)
+
+    @settings(max_examples=400, deadline=None, derandomize=True)
+    @given(st.lists(ascii_ish, min_size=1, max_size=6), st.integers(1, 12))
+    def agree(texts, max_chars):
+        if _all_plain(texts, max_chars):
+            assert all(text_problem(t, max_chars) is None for t in texts), texts
+
+    agree()
+    assert _all_plain(["A plain sentence.", "tab\tand\nnewline", "x" * 20], 20)
+    for bad in (["fine", "   \t\n"], ["fine", "nul\x00"], ["fine", "x" * 21], ["fine", "\x7f"], ["fine", ""]):
+        assert not _all_plain(bad, 20) and text_problem(bad[1], 20) is not None
+    assert not _all_plain(["café"], 20) and text_problem("café", 20) is None  # not ASCII: checked text by text
+
+
 def test_score_request_names_the_field_and_index():
     from serving.errors import ApiError
     from serving.schemas import ScoreRequest
