@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import asyncio
 import multiprocessing as mp
+import os
 import random
 import statistics
 import time
@@ -81,13 +82,40 @@ class Bodies:
         return " ".join(words)
 
 
-def run_load(url, bodies, concurrency, seconds):
+def run_load(url, bodies, concurrency, seconds, cpu_of: str | None = None):
+    """One cell's figures. cpu_of: an application whose ingress replicas' CPU per request the figures get
+    (`ingress_cpu_ms_per_request`): on the 2-core VM of the targets the same request cost 1.5 ms of CPU in one second
+    and 2.5 ms in another, and a cell's latency follows it."""
+    cpu = replica_cpu_s(cpu_of) if cpu_of else None
     q = mp.get_context("spawn").Queue()
     p = mp.get_context("spawn").Process(target=_closed_loop, args=(url, bodies, concurrency, seconds, q))
     p.start()
     res = q.get(timeout=seconds + 300)
     p.join()
+    after = replica_cpu_s(cpu_of) if cpu is not None else None
+    if after is not None:
+        res["ingress_cpu_ms_per_request"] = 1000 * (after - cpu) / max(1, res["requests"])
     return res
+
+
+def replica_cpu_s(app: str, deployment: str = "Ingress") -> float | None:
+    """CPU seconds used so far by the replica processes of `deployment` in application `app` on this machine, all
+    their threads (from /proc, found by the process title Ray gives a replica); None without /proc or replica."""
+    if not os.path.isdir("/proc"):
+        return None
+    tag, total, found = f"ServeReplica:{app}:{deployment}".encode(), 0.0, False
+    for pid in filter(str.isdigit, os.listdir("/proc")):
+        try:
+            with open(f"/proc/{pid}/cmdline", "rb") as fh:
+                if tag not in fh.read():
+                    continue
+            with open(f"/proc/{pid}/stat") as fh:
+                fields = fh.read().rsplit(")", 1)[1].split()  # after the command name, which may hold spaces
+            total += (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")  # utime + stime
+            found = True
+        except (OSError, IndexError, ValueError):  # a process that ended meanwhile
+            continue
+    return total if found else None
 
 
 def one_thread_pairs_per_s(score, seconds: float) -> float:

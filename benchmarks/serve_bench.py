@@ -1,20 +1,21 @@
 """Serving benchmark: closed-loop load from a second process on loopback, bounded in time.
 
 Starts its own Ray (2 CPUs, the Serve settings of cluster/serve.env) and Serve on 127.0.0.1, registers a small STS-B
-adapter in a temporary MLflow store, and measures pairs/s and p50/p99 latency at concurrency 1, 8, 32 with 1, 32 and
-128 pairs per request for (a) the adapter with a warm embedding cache, (b) cold (every sentence new: a corpus
-sentence's words in a new seeded order), (c) a cross-encoder served the same way; the adapter and the cross-encoder
-in-process, one thread each; and the cascade at b = 0.1 (routed by the gate's difficulty) at c=8 x 32 pairs.
-Targets on 2 cores (default topology, int8 both, c=8 x 32): warm adapter >= 25x the fastest cross-encoder path,
-p99 <= 25 ms, the cascade at b = 0.1 >= 5x, no failed request. `--runs 3`: every cell three times on the same
-service, headline figures the median over the runs (each run's and min / max kept). `--cells c8x32`: only the
-targets' cells. `--placements ingress,deployment`: the cross-encoder in the ingress (the default) and in a deployment,
-one application each, in alternation, the first the headline; the cascade also over the faster cross-encoder cell.
+adapter in a temporary MLflow store, and measures pairs/s, p50/p99 latency and the ingress replicas' CPU per request
+at concurrency 1, 8, 32 with 1, 32 and 128 pairs per request for (a) the adapter with a warm embedding cache, (b) cold
+(every sentence new: a corpus sentence's words in a new seeded order), (c) a cross-encoder served the same way; the
+adapter and the cross-encoder in-process, one thread each; and the cascade at b = 0.1 (routed by the gate's
+difficulty) at c=8 x 32 pairs. Targets on 2 cores (default topology, int8 both, c=8 x 32): warm adapter >= 25x the
+fastest cross-encoder path, p99 <= 25 ms, the cascade at b = 0.1 >= 5x, no failed request. `--runs 3`: every cell
+three times on the same service, headline figures the median over the runs (each run's and min / max kept).
+`--cells c8x32`: only the targets' cells. `--placements ingress,deployment`: the cross-encoder in the ingress (the
+default) and in a deployment, one application each, in alternation, the first the headline (the cascade also
+against the faster cross-encoder cell).
 
-Topologies: the default is cluster/serve.env's, Ray Serve's HAProxy ingress (RAY_SERVE_ENABLE_HA_PROXY=1): HAProxy
-answers on the Serve port and forwards each request to an ingress replica's own HTTP port; `--with-proxy` measures
-Serve's Python proxy too, after it in the same run, on a new Ray (its figures under `proxy_same_run`); `--proxy`:
-the proxy alone; `--direct-ingress`: the load straight to the ingress replica's own port (no hop at all).
+Topologies: the default is cluster/serve.env's, Ray Serve's HAProxy ingress: HAProxy answers on the Serve port and
+forwards each request to an ingress replica's own HTTP port; `--with-proxy` measures Serve's Python proxy too, after
+it in the same run, on a new Ray (its figures under `proxy_same_run`); `--proxy`: the proxy alone; `--direct-ingress`:
+the load straight to the ingress replica's own port (no hop at all).
 """
 from __future__ import annotations
 
@@ -49,31 +50,25 @@ def _parse_args():
     ap.add_argument("--seconds", type=float, default=6.0, help="per measurement (default 6)")
     ap.add_argument("--quick", action="store_true", help="fewer cells (c=1,8)")
     ap.add_argument("--pairs", default="1,32,128", help="pairs per request of the cells (default 1,32,128)")
-    ap.add_argument("--runs", type=int, default=1,
-                    help="measure every cell this many times, the runs one after another on the same service "
-                         "(default 1); the results give each run's ratio and their median, min and max")
-    ap.add_argument("--direct-ingress", action="store_true",
-                    help="Ray Serve's direct ingress (RAY_SERVE_ENABLE_DIRECT_INGRESS=1): the ingress replica serves "
-                         "HTTP on a port of its own and the load goes there (no proxy hop), as a load balancer "
-                         "in front of the replicas would")
+    ap.add_argument("--runs", type=int, default=1, help="measure every cell this many times, one run after another "
+                    "on the same service (default 1); the results give each run's ratio and their median, min, max")
+    ap.add_argument("--direct-ingress", action="store_true", help="Ray Serve's direct ingress: the load goes to the "
+                    "ingress replica's own HTTP port (no proxy hop), as a load balancer in front of the replicas would")
     ap.add_argument("--proxy", action="store_true",
                     help="Serve's Python proxy instead of the default HAProxy ingress (RAY_SERVE_ENABLE_HA_PROXY=0)")
-    ap.add_argument("--with-proxy", action="store_true",
-                    help="after the default topology, the same cells through Serve's Python proxy in the same run "
-                         "(a new Ray), written beside the default's figures as proxy_same_run")
+    ap.add_argument("--with-proxy", action="store_true", help="after the default topology, the same cells through "
+                    "Serve's Python proxy in the same run (a new Ray), written beside its figures as proxy_same_run")
     ap.add_argument("--name", default=None,
                     help="the results file's name (default: serve_bench plus the topology and the options)")
-    ap.add_argument("--ingress-replicas", type=int, default=1,
-                    help="ingress replicas (default 1; serving/config.yaml lets Serve scale to 2): each holds the "
-                         "adapter and its near cache, warmed from the corpus at start")
-    ap.add_argument("--encoder-backend", default="torch", choices=("torch", "onnx", "onnx-int8"),
-                    help="the encoder's backend: the adapter is trained on that backend's vectors and the service "
-                         "encodes with it (cold requests)")
+    ap.add_argument("--ingress-replicas", type=int, default=1, help="ingress replicas (default 1; serving/config.yaml "
+                    "lets Serve scale to 2): each holds the adapter and its near cache, warmed from the corpus")
+    ap.add_argument("--encoder-backend", default="torch", choices=("torch", "onnx", "onnx-int8"), help="the encoder's "
+                    "backend: the adapter is trained on its vectors and the service encodes with it (cold requests)")
     ap.add_argument("--cross-encoder-backend", default="torch", choices=("torch", "onnx", "onnx-int8"),
                     help="the served cross-encoder's backend")
-    ap.add_argument("--placements", default="ingress",
-                    help="where the cross-encoder runs, comma-separated (ingress, deployment): one application each "
-                         "on the same Serve, in alternation; the first gives the headline (default: ingress, the app's)")
+    ap.add_argument("--placements", default="ingress", help="where the cross-encoder runs, comma-separated (ingress, "
+                    "deployment): one application each on the same Serve, in alternation; the first gives the "
+                    "headline (default: ingress, the app's)")
     ap.add_argument("--cells", default="all", choices=("all", "c8x32"),
                     help="all cells (default), or only concurrency 8 with 32 pairs per request (the targets' cells)")
     return ap.parse_args()
@@ -168,9 +163,10 @@ def _measure(args, tmp: str, tracking: str, sentences: list[str], cross_encoder:
 
     ray.init(num_cpus=2, include_dashboard=False, log_to_driver=False)
     sizes = [int(p) for p in args.pairs.split(",")]
+    apps = {pl: "bench" if len(placements) == 1 else f"ce-{pl}" for pl in placements}
     urls = {pl: _serve(tmp, tracking, sentences, cross_encoder, args.direct_ingress, args.cross_encoder_backend,
-                       max(sizes), args.ingress_replicas, pl, "bench" if len(placements) == 1 else f"ce-{pl}",
-                       1.0 / len(placements)) + "/v1/score" for pl in placements}
+                       max(sizes), args.ingress_replicas, pl, apps[pl], 1.0 / len(placements)) + "/v1/score"
+            for pl in placements}
     cells = ([(8, 32)] if args.cells == "c8x32" else
              [(c, p) for c in ((1, 8) if args.quick else (1, 8, 32)) for p in sizes])
     runs = []
@@ -178,13 +174,14 @@ def _measure(args, tmp: str, tracking: str, sentences: list[str], cross_encoder:
         rows = []
         for kind, scorer in (("warm", "adapter"), ("cold", "adapter"), ("warm", "cross_encoder")):
             for c, p in cells:
-                for pl, url in urls.items():  # alternating: the same cell of each placement, one after the other
-                    res = run_load(url, Bodies(kind, sentences, p, scorer, salt=f"r{run}c{c}p{p}{pl} "), c, args.seconds)
+                for pl in placements:  # alternating: the same cell of each placement, one after the other
+                    res = run_load(urls[pl], Bodies(kind, sentences, p, scorer, salt=f"r{run}c{c}p{p}{pl} "), c,
+                                   args.seconds, cpu_of=apps[pl])
                     rows.append(_row(run, f"{kind} {scorer}", c, p, res, pl))
         # the cascade at b = 0.1 (routed by the gate's difficulty), in the cell of the issue's target
-        for pl, url in urls.items():
-            res = run_load(url, Bodies("warm", sentences, 32, salt=f"r{run}{pl} ", budget=CASCADE_BUDGET), 8,
-                           args.seconds)
+        for pl in placements:
+            res = run_load(urls[pl], Bodies("warm", sentences, 32, salt=f"r{run}{pl} ", budget=CASCADE_BUDGET), 8,
+                           args.seconds, cpu_of=apps[pl])
             rows.append(_row(run, f"cascade b={CASCADE_BUDGET}", 8, 32, res, pl))
         runs.append(rows)
     serve.shutdown()
@@ -218,12 +215,13 @@ def _figures(rows) -> dict:
             "warm_over_cross_encoder_up_to_32_pairs": round(best("warm adapter", 32) / best("warm cross_encoder", 32), 1),
             "cold_c8_32pairs_over_cross_encoder_c8_32pairs": cold and ce8 and round(cold["pairs_per_s"] / ce8["pairs_per_s"], 2),
             "p99_ms_c8_32pairs_warm": warm8 and warm8["p99_ms"],
+            # the CPU the ingress replica spent per request in that cell: a slow sitting shows here first
+            "ingress_cpu_ms_per_request_c8_32pairs_warm": warm8 and warm8.get("ingress_cpu_ms_per_request"),
             # the cascade against the cross-encoder alone in the same cell (c=8 x 32 pairs)
             "cascade_c8_32pairs_over_cross_encoder_c8_32pairs": cascade and ce8 and round(
                 cascade["pairs_per_s"] / ce8["pairs_per_s"], 2),
-            # its ceiling from the same run's cells: a cascade request costs its pairs on the warm path plus a
-            # fraction b of them on the cross-encoder, so pairs/s <= 1 / (1 / warm + b / ce), i.e. the ratio to the
-            # cross-encoder <= 1 / (b + ce / warm): 8x at b = 0.1 needs the warm path at >= 40x the cross-encoder
+            # its ceiling from the same run's cells: a request costs its pairs on the warm path plus a fraction b on
+            # the cross-encoder, so the ratio to the cross-encoder <= 1 / (b + ce / warm) (8x at b = 0.1 needs 40x)
             "cascade_additive_bound_over_cross_encoder": cascade and ce8 and warm8 and round(
                 1 / (CASCADE_BUDGET + ce8["pairs_per_s"] / warm8["pairs_per_s"]), 2)}
 

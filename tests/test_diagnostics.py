@@ -62,3 +62,25 @@ def test_a_first_run_clone_gets_a_newcomers_environment():
             "MAKELEVEL": "1", "MAKEFLAGS": "w", "EMBED_DATA_DIR": "/shared/data", "HF_HUB_OFFLINE": "1", "PATH": "/bin"}
     assert newcomer_env(mine) == {"EMBED_DATA_DIR": "/shared/data", "HF_HUB_OFFLINE": "1", "PATH": "/bin"}
     assert {"EMBED_RAY_DIR", "RAY_ADDRESS"} <= set(NOT_A_NEWCOMERS)
+
+
+def test_replica_cpu_counts_only_the_named_replicas_processes():
+    """serve_bench's CPU per request: the CPU of the processes whose title names the application's replicas (a
+    stand-in titled like one, busy for ~0.4 s), nothing for an application without replicas."""
+    import subprocess
+    import sys
+    import time
+
+    from benchmarks.load import replica_cpu_s
+
+    busy = "import time\nt = time.process_time()\nwhile time.process_time() - t < 0.4: pass\ntime.sleep(30)"
+    p = subprocess.Popen([sys.executable, "-c", busy, "ray::ServeReplica:cpu-test:Ingress"])
+    try:
+        deadline = time.time() + 20
+        while (replica_cpu_s("cpu-test") or 0) < 0.35 and time.time() < deadline:
+            time.sleep(0.1)
+        assert 0.35 <= replica_cpu_s("cpu-test") < 5
+        assert replica_cpu_s("cpu-test", "Encoder") is None and replica_cpu_s("no-such-app") is None
+    finally:
+        p.kill()
+        p.wait()
