@@ -85,7 +85,7 @@ class Bodies:
 def run_load(url, bodies, concurrency, seconds, cpu_of: str | None = None):
     """One cell's figures. cpu_of: an application whose ingress replicas' CPU per request the figures get
     (`ingress_cpu_ms_per_request`): on the 2-core VM of the targets the same request cost 1.5 ms of CPU in one second
-    and 2.5 ms in another, and a cell's latency follows it."""
+    and 2.2-3.7 ms in another, and a cell's latency follows it."""
     cpu = replica_cpu_s(cpu_of) if cpu_of else None
     q = mp.get_context("spawn").Queue()
     p = mp.get_context("spawn").Process(target=_closed_loop, args=(url, bodies, concurrency, seconds, q))

@@ -16,7 +16,7 @@ from serving.errors import ApiError, error_responses
 def json_response(body: dict[str, Any] | list[Any], status: int = 200) -> Response:
     """The hot endpoints' responses, serialised once with orjson: FastAPI's generic encoder walks every value of
     the body again, which costs more than the scoring itself, and the stdlib's encoder takes ~0.08 ms for a 32-pair
-    score response (its floats' shortest repr in Python), orjson ~0.01 ms for the same bytes but the spaces."""
+    score response, orjson ~0.01 ms for the same numbers (without the stdlib's spaces; a NaN as null)."""
     return Response(orjson.dumps(body, option=orjson.OPT_SERIALIZE_NUMPY), status_code=status,
                     media_type="application/json")
 
