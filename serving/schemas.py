@@ -23,9 +23,9 @@ _PLAIN_ASCII = bytes(range(0x20, 0x7F)) + b"\t\n\r"
 
 
 def text_problem(text: str, max_chars: int) -> str | None:
-    """Why `text` cannot be scored, or None. Checked on every text of every request: regular expressions
-    and str methods (C speed) decide the common case; only texts without a visible ASCII character are
-    walked character by character."""
+    """Why `text` cannot be scored, or None. Checked on each text of a request the one-pass check (`_all_plain`)
+    cannot clear: regular expressions and str methods (C speed) decide the common case; only texts without a
+    visible ASCII character are walked character by character."""
     if len(text) > max_chars:
         return f"has {len(text)} characters; the limit is {max_chars} (max_text_chars)"
     if not text.isascii():
