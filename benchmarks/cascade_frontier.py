@@ -202,7 +202,7 @@ def main() -> None:
     args = ap.parse_args()
     results = {t: _quality(t, args.teacher_preset, args.backend) for t in args.tasks.split(",")}
     if not args.no_serve:
-        from serving.serve_env import apply_serve_env
+        from serving.serve_env import apply_serve_env, free_port
 
         if args.direct_ingress:
             os.environ["RAY_SERVE_ENABLE_DIRECT_INGRESS"] = "1"
@@ -213,7 +213,7 @@ def main() -> None:
         tmp = tempfile.mkdtemp()
         tracking = f"sqlite:///{tmp}/mlflow.db"
         ray.init(num_cpus=2, include_dashboard=False, log_to_driver=False)
-        port = 8124
+        port = free_port()
         serve.start(http_options={"host": "127.0.0.1", "port": port})
         for task, r in results.items():
             uri = _register(task, r["_state"], tracking)

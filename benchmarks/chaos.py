@@ -64,6 +64,7 @@ def serve_replica_kill(data, seconds: float = 20.0) -> dict:
     from ray import serve
 
     from serving.app import build_app
+    from serving.serve_env import free_port
 
     tracking = f"sqlite:///{tempfile.mkdtemp()}/mlflow.db"
     set_experiment("chaos", tracking)  # a new store: artifacts beside it, never in ./mlruns
@@ -71,11 +72,12 @@ def serve_replica_kill(data, seconds: float = 20.0) -> dict:
     with mlflow.start_run():
         info = log_adapter_model(r, data, registered_name="pair-residual-stsb")
     promote("pair-residual-stsb", info.registered_model_version, evidence_of(r, data))
-    serve.start(http_options={"host": "127.0.0.1", "port": 8124})
+    port = free_port()
+    serve.start(http_options={"host": "127.0.0.1", "port": port})
     serve.run(build_app({"model_uri": "models:/pair-residual-stsb@champion", "tracking_uri": tracking,
                          "ingress": {"min": 2, "max": 2, "num_cpus": 0.3},
                          "encoder": {"min": 1, "max": 1, "num_cpus": 0.4}}), name="chaos", route_prefix="/")
-    url = "http://127.0.0.1:8124/v1/score"
+    url = f"http://127.0.0.1:{port}/v1/score"
     body = {"pairs": [["A man is playing a guitar.", "A man plays the guitar."]] * 8}
     ok, failed, stop = [0], [0], threading.Event()
 

@@ -48,15 +48,17 @@ def _one_topology(tmp: str, tracking: str, sentences: list[str], steps: int, sec
     from ray import serve
 
     from serving.app import build_app
+    from serving.serve_env import free_port
 
     ray.init(num_cpus=2, include_dashboard=False, log_to_driver=False)
-    serve.start(http_options={"host": "127.0.0.1", "port": 8123})
+    port = free_port()
+    serve.start(http_options={"host": "127.0.0.1", "port": port})
     corpus = os.path.join(tmp, "corpus.txt")
     with open(corpus, "w") as fh:
         fh.write("\n".join(sentences))
     serve.run(build_app({"model_uri": "models:/pair-residual-stsb@champion", "tracking_uri": tracking,
                          "warm_corpus": corpus, "max_inflight": 256}), name="scale")
-    url, rows, done = "http://127.0.0.1:8123/v1/score", [], {}
+    url, rows, done = f"http://127.0.0.1:{port}/v1/score", [], {}
     # one closed loop for the whole time (a client process per step would leave gaps of idle seconds)
     bodies = Bodies("warm", sentences, 32)
     load = threading.Thread(target=lambda: done.update(run_load(url, bodies, 8, steps * seconds)))

@@ -106,8 +106,9 @@ def _serve(tmp: str, tracking: str, sentences: list[str], cross_encoder: str, di
     from ray import serve
 
     from serving.app import build_app
+    from serving.serve_env import free_port
 
-    port = 8123
+    port = free_port()  # a port of its own: benchmarks, tests and a developer's cluster run side by side
     serve.start(http_options={"host": "127.0.0.1", "port": port})
     corpus = os.path.join(tmp, "corpus.txt")
     with open(corpus, "w") as fh:

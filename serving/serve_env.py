@@ -64,7 +64,8 @@ def ingress(environ=None) -> str:
     return "direct" if environ.get("RAY_SERVE_ENABLE_DIRECT_INGRESS") == "1" else "proxy"
 
 
-def _free_port() -> int:
+def free_port() -> int:
+    """A TCP port free on loopback now (for a Serve HTTP port or an HAProxy port of a cluster of its own)."""
     with socket.socket() as s:
         s.bind(("127.0.0.1", 0))
         return s.getsockname()[1]
@@ -100,8 +101,8 @@ def haproxy_env(directory: str | Path, environ=None) -> dict[str, str]:
     d = Path(directory)
     d.mkdir(parents=True, exist_ok=True)
     wanted = {
-        "RAY_SERVE_HAPROXY_STATS_PORT": lambda: str(_free_port()),
-        "RAY_SERVE_HAPROXY_METRICS_PORT": lambda: str(_free_port()),
+        "RAY_SERVE_HAPROXY_STATS_PORT": lambda: str(free_port()),
+        "RAY_SERVE_HAPROXY_METRICS_PORT": lambda: str(free_port()),
         "RAY_SERVE_HAPROXY_CONFIG_FILE_LOC": lambda: str(d / "haproxy.cfg"),
         "RAY_SERVE_HAPROXY_SOCKET_PATH": lambda: str(d / "admin.sock"),
         "RAY_SERVE_HAPROXY_SERVER_STATE_BASE": lambda: str(d),
