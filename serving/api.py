@@ -11,6 +11,7 @@ from fastapi.staticfiles import StaticFiles
 
 from serving import errors
 from serving.errors import ApiError, error_responses
+from serving.hot import HotRoutes
 
 
 def json_response(body: dict[str, Any] | list[Any], status: int = 200) -> Response:
@@ -33,6 +34,7 @@ api = FastAPI(title="pair-adapter scorer", version="1", docs_url=None, redoc_url
               description="Pair scoring and re-ranking with a pair-level adapter over frozen sentence embeddings. "
                           'Every error answers {"error": {"type", "message", "field"?}}.')
 errors.install(api)
+api.add_middleware(HotRoutes)  # POST /v1/score and the rerank routes past FastAPI's routing (serving/hot.py)
 if _docs_assets():  # Swagger UI from a package, not a CDN: /docs works without internet
     api.mount("/docs-assets", StaticFiles(directory=_docs_assets()), name="docs-assets")
 

@@ -36,6 +36,7 @@ from serving.args import AppArgs, deployment_options, log_options
 from serving.autoscale import BUSY, CpuShare
 from serving.deployments import (CROSS_ENCODER_CPUS, SHUTDOWN_POLL_S, CrossEncoderScorer, EncodeError, Encoder,
                                  WarmJobs, corpus_texts, cross_encoder_calls, set_threads)
+from serving import hot
 from serving.errors import ApiError, error_responses
 from serving.model import check_requested_model, load_served, pinned_uri, resolve_manifest
 from serving.schemas import (RerankRequest, RerankResponse, ScoreRequest, ScoreResponse, TeiRank, TeiRerankRequest,
@@ -62,6 +63,8 @@ class Ingress:
         self._ce_info: dict[str, Any] | None = None
         self.scorer = PairScorer(cache_size=self.args.cache_size, projection_cache_size=self.args.projection_cache_size)
         self._cpu = CpuShare()
+        self.hot_routes = hot.HotRouteTable({"/v1/score": self.score, "/v1/rerank": self.rerank,
+                                             "/v2/rerank": self.rerank_v2, "/rerank": self.rerank_tei})
 
     def record_autoscaling_stats(self) -> dict[str, float]:
         """Serve reads this every few seconds for the ingress's policy (serving/autoscale.py)."""
@@ -261,12 +264,12 @@ class Ingress:
         caches = self.scorer.stats()
         # true while the warm corpus is still on its way from the encoder into this replica (after a cold start)
         caches["near_cache"]["warming"] = bool(self._pending_warm) or bool(self._warm_task and not self._warm_task.done())
-        return {"data": [{**info, "ingress": ingress(), "embedding_cache": await self.encoder.stats.remote(), **caches,
+        limits = ("max_pairs", "max_documents", "max_text_chars", "max_inflight", "max_warm_sync", "max_warm_job")
+        # hot_routes: requests each scoring / re-ranking path answered past FastAPI's routing (serving/hot.py)
+        return {"data": [{**info, "ingress": ingress(), "hot_routes": self.hot_routes.served,
+                          "embedding_cache": await self.encoder.stats.remote(), **caches,
                           "cross_encoder": (await self._cross_encoder_info()) if self.ce_score else None,
-                          "cascade_budget": a.cascade_budget, "limits": {
-                              "max_pairs": a.max_pairs, "max_documents": a.max_documents,
-                              "max_text_chars": a.max_text_chars, "max_inflight": a.max_inflight,
-                              "max_warm_sync": a.max_warm_sync, "max_warm_job": a.max_warm_job}}]}
+                          "cascade_budget": a.cascade_budget, "limits": {k: getattr(a, k) for k in limits}}]}
 
 
 def build_app(args: dict[str, Any]) -> serve.Application:

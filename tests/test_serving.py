@@ -298,8 +298,8 @@ def test_a_served_cross_encoder_scores_concurrent_requests_like_the_library(serv
     """A second app on the same Serve with a real cross-encoder (MiniLM with a seeded head, saved as a folder), in
     its own deployment or inside the ingress replica: concurrent requests, batched together, each get exactly the
     library's scores for their own pairs, whole (scorer="cross_encoder") or routed by a cascade budget, of one or
-    two pairs, interleaved; /v1/models says where the cross-encoder runs, and Serve runs a cross-encoder
-    deployment only for that placement."""
+    two pairs, interleaved, all through the hot route (serving/hot.py); /v1/models says where the cross-encoder
+    runs, and Serve runs a cross-encoder deployment only for that placement."""
     import ray
     import torch
     from ray import serve
@@ -332,6 +332,9 @@ def test_a_served_cross_encoder_scores_concurrent_requests_like_the_library(serv
             expected = reference.score([tuple(p) for p in body["pairs"]])
             assert [d["score"] for d in r.json()["data"]] == pytest.approx(expected.tolist(), abs=1e-5)
             assert {d["path"] for d in r.json()["data"]} == {"cross_encoder"}
+        # the one ingress replica answered all of them past FastAPI's routing, under the app's route prefix
+        (info,) = requests.get(served["url"] + "/cascade/v1/models", timeout=30).json()["data"]
+        assert info["hot_routes"] == {"/v1/score": 12, "/v1/rerank": 0, "/v2/rerank": 0, "/rerank": 0}
         # access_log is off (the app's default) in the cross-encoder's deployment too: no line per call
         logs = Path(ray._private.worker._global_node.get_session_dir_path()) / "logs" / "serve"
         calls = [line for f in logs.glob("replica_cascade_*.log") for line in f.read_text().splitlines()
