@@ -40,6 +40,7 @@ from embed_lib.tracking.registry import evidence_of, load_registered, log_adapte
 from embed_lib.tracking.runs import set_experiment
 from embed_lib.training.seed_group import train_seed_group
 from serving.scorer import PairScorer
+from serving.serve_env import free_port
 
 #: the cascade cell's cross-encoder budget (the target: the cascade at b = 0.1 >= 5x the cross-encoder's pairs/s)
 CASCADE_BUDGET = 0.1
@@ -96,25 +97,25 @@ def _in_process(dim: int, sentences: list[str], cross_encoder: str) -> tuple[flo
     return adapter, one_thread_pairs_per_s(lambda: ce.predict(ce_pairs, batch_size=32, show_progress_bar=False), 4.0)
 
 
+_SERVE_PORT: dict[str, int] = {}  # this process's Serve port: a free one (not a fixed 8123), the same for every app
+
+
 def _serve(tmp: str, tracking: str, sentences: list[str], cross_encoder: str, direct_ingress: bool,
            cross_encoder_backend: str = "torch", max_pairs: int = 64, ingress_replicas: int = 1,
            placement: str = "ingress", name: str = "bench", share: float = 1.0) -> str:
     """The service on a Ray of its own, caches warm; returns the base URL the load goes to. `share` scales the
-    replicas' CPU shares (a scheduling figure: below 1 CPU each computes on one thread either way), so that
-    two applications fit the 2-CPU node side by side."""
+    replicas' CPU shares (a scheduling figure: each computes on one thread) so two apps fit the 2-CPU node."""
     # lazy: Serve's and Ray's settings are put in the environment before Ray is first imported
     from ray import serve
 
     from serving.app import build_app
-    from serving.serve_env import free_port
 
-    port = free_port()  # a port of its own: benchmarks, tests and a developer's cluster run side by side
+    port = _SERVE_PORT.setdefault("port", free_port())
     serve.start(http_options={"host": "127.0.0.1", "port": port})
     corpus = os.path.join(tmp, "corpus.txt")
     with open(corpus, "w") as fh:
         fh.write("\n".join(sentences))
-    # one encoder replica; the ingress replicas as asked, sharing the ingress's half CPU so they fit the node
-    # beside the encoder and the cross-encoder (each warms its near cache from the corpus at start)
+    # one encoder replica; the ingress replicas as asked, sharing half a CPU (each warms its near cache at start)
     n, prefix = ingress_replicas, "/" if name == "bench" else f"/{name}"
     serve.run(build_app({"model_uri": "models:/pair-residual-stsb@champion", "tracking_uri": tracking,
                          "cross_encoder": cross_encoder, "cross_encoder_backend": cross_encoder_backend,
