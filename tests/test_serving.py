@@ -446,7 +446,9 @@ def test_the_ingress_scales_out_under_load_and_a_replica_killed_is_replaced(serv
                                        filters=[("state", "=", "ALIVE")], limit=1000)
                 if a.class_name == "ServeReplica:chaos:Ingress"]
 
-    serve.run(build_app({**served["args"], "max_inflight": 16, "max_pairs": 32,
+    # 120 pairs a request: the ingress's CPU share, what it scales on, then stays well above the test client's own
+    # (at 30 pairs a request it scaled out alone, but not beside the suite's other worker once a request got cheaper)
+    serve.run(build_app({**served["args"], "max_inflight": 16, "max_pairs": 128,
                          "ingress": {"min": 1, "max": 2, "num_cpus": 0.25, "upscale_delay_s": 0},
                          "encoder": {"min": 1, "max": 1, "num_cpus": 0.25}}), name="chaos", route_prefix="/chaos")
     url = served["url"] + "/chaos/v1/score"
@@ -456,7 +458,7 @@ def test_the_ingress_scales_out_under_load_and_a_replica_killed_is_replaced(serv
         session = requests.Session()
         while not stop.is_set():
             try:
-                code = session.post(url, json={"pairs": PAIRS * 10}, timeout=30).status_code
+                code = session.post(url, json={"pairs": PAIRS * 40}, timeout=30).status_code
             except requests.RequestException:
                 code = 0
             events.append((time.time(), code))
