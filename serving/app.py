@@ -31,12 +31,12 @@ from fastapi.responses import Response
 from ray import serve
 
 from embed_lib.encoding.cache import EmbeddingCache
+from serving import hot
 from serving.api import ERRORS, api, found_job, json_response
 from serving.args import AppArgs, deployment_options, log_options
 from serving.autoscale import BUSY, CpuShare
 from serving.deployments import (CROSS_ENCODER_CPUS, SHUTDOWN_POLL_S, CrossEncoderScorer, EncodeError, Encoder,
                                  WarmJobs, corpus_texts, cross_encoder_calls, set_threads)
-from serving import hot
 from serving.errors import ApiError, error_responses
 from serving.model import check_requested_model, load_served, pinned_uri, resolve_manifest
 from serving.schemas import (RerankRequest, RerankResponse, ScoreRequest, ScoreResponse, TeiRank, TeiRerankRequest,

@@ -59,6 +59,18 @@ def test_fused_scores_equal_the_training_modules_ensemble(form, control, novelty
     assert all(v.dtype == np.float32 and v.shape == (N,) for v in fused.values())
 
 
+def test_the_anchor_at_p_1_is_the_studys_frozen_cosine_to_the_bit():
+    """The served baseline is `metrics.cosine`, the study's frozen cosine, exactly: the same ties, the same ranks."""
+    from embed_lib.training.metrics import cosine
+
+    model = PairAdapter("pair_gated", D, [0, 1], width=4, hidden=3, p=1.0).eval()
+    xa, xb = _vectors(5)
+    xb[0] = xa[0]  # a sentence with itself
+    anchor = FusedEnsemble(model).anchor(xa, xb)
+    np.testing.assert_array_equal(anchor, cosine(xa, xb))
+    assert anchor.dtype == np.float32 and anchor[0] == cosine(xa[:1], xa[:1])[0]
+
+
 def test_a_one_seed_residual_computed_by_hand():
     """s = cos(a, b) + gamma * tanh(w2 . gelu(W1 [|h_a - h_b|, h_a * h_b] + b1) + b2), written out for one seed."""
     model = _model("pair_ungated", seeds=(4,), width=3, hidden=2)
