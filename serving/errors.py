@@ -59,8 +59,13 @@ def _location(loc) -> str:
     return out or "body"
 
 
-async def _api_error(request: Request, exc: ApiError) -> JSONResponse:
+def api_error_response(exc: ApiError) -> JSONResponse:
+    """What a handler's ApiError answers, from a FastAPI route or a hot route (serving/hot.py)."""
     return error_response(exc.status, exc.message, exc.field, exc.type, exc.headers)
+
+
+async def _api_error(request: Request, exc: ApiError) -> JSONResponse:
+    return api_error_response(exc)
 
 
 async def _invalid(request: Request, exc: RequestValidationError) -> JSONResponse:

@@ -23,7 +23,7 @@ from ray import serve
 from ray.serve.exceptions import RayServeException
 from starlette.types import ASGIApp, Message, Receive, Scope, Send
 
-from serving.errors import ApiError, error_response
+from serving.errors import ApiError, api_error_response
 
 Handler = Callable[[Any], Awaitable[Any]]
 
@@ -99,5 +99,5 @@ class HotRoutes:
         try:
             response = await handler(request)
         except ApiError as exc:
-            response = error_response(exc.status, exc.message, exc.field, exc.type, exc.headers)
+            response = api_error_response(exc)
         await response(scope, receive, send)
