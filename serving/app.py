@@ -33,7 +33,7 @@ from ray import serve
 from embed_lib.encoding.cache import EmbeddingCache
 from serving import hot
 from serving.api import ERRORS, api, found_job, json_response
-from serving.args import AppArgs, deployment_options, log_options
+from serving.args import AppArgs, deployment_options, ingress_autoscaling, log_options
 from serving.autoscale import BUSY, CpuShare
 from serving.deployments import (CROSS_ENCODER_CPUS, SHUTDOWN_POLL_S, CrossEncoderScorer, EncodeError, Encoder,
                                  WarmJobs, corpus_texts, cross_encoder_calls, set_threads)
@@ -295,6 +295,6 @@ def build_app(args: dict[str, Any]) -> serve.Application:
         if a.cross_encoder and a.cross_encoder_placement == "deployment" else None)
     jobs = WarmJobs.options(**logs).bind(encoder)
     # the ingress scales on its replicas' CPU share too: behind HAProxy, Serve's count of its requests reads 0
-    policy = "serving.autoscale:ingress_policy"
+    policy = ingress_autoscaling(a.ingress_target_cpu)
     return Ingress.options(**deployment_options(a.ingress, a.access_log, policy, user_config=user_config, **bounds)
                            ).bind(encoder, cross, jobs, a.model_dump(), tracking_uri)

@@ -63,6 +63,9 @@ class AppArgs(BaseModel):
                                   "the cross-encoder (a request may set its own `budget`)")
     encoder: Replicas = Replicas(min=1, max=2, num_cpus=0.5)
     ingress: Replicas = Replicas(min=1, max=2, num_cpus=0.5)
+    ingress_target_cpu: float = Field(0.5, gt=0, le=8, description="share of one core an ingress replica uses on "
+                                      "average before the autoscaler adds another (serving/autoscale.py); lower "
+                                      "scales out sooner, e.g. on a node whose cores other work shares")
 
     @classmethod
     def parse(cls, args: dict[str, Any]) -> "AppArgs":
@@ -79,12 +82,19 @@ def log_options(access_log: bool) -> dict[str, Any]:
     return {"logging_config": {"enable_access_log": access_log}}
 
 
-def deployment_options(r: Replicas, access_log: bool = False, policy: str | None = None, **extra) -> dict[str, Any]:
-    """Serve options of a deployment from its Replicas settings; `policy`: an autoscaling policy's import path
-    (default: Serve's queue-length policy)."""
+def deployment_options(r: Replicas, access_log: bool = False, policy: dict[str, Any] | None = None,
+                       **extra) -> dict[str, Any]:
+    """Serve options of a deployment from its Replicas settings; `policy`: Serve's AutoscalingPolicy fields
+    (`policy_function`, an import path, and `policy_kwargs`; default: Serve's queue-length policy)."""
     spread = {"max_replicas_per_node": r.max_per_node} if r.max_per_node else {}
     scaling = {"min_replicas": r.min, "max_replicas": r.max, "initial_replicas": max(1, r.min),
                "target_ongoing_requests": 4, "downscale_delay_s": r.downscale_delay_s,
-               "upscale_delay_s": r.upscale_delay_s, **({"policy": {"policy_function": policy}} if policy else {})}
+               "upscale_delay_s": r.upscale_delay_s, **({"policy": policy} if policy else {})}
     return {"ray_actor_options": {"num_cpus": r.num_cpus}, **spread,
             **log_options(access_log), "autoscaling_config": scaling, **extra}
+
+
+def ingress_autoscaling(target_cpu: float) -> dict[str, Any]:
+    """The ingress's autoscaling policy for Serve (serving/autoscale.py), scaling out above `target_cpu` of a core
+    per replica: Serve builds the class once in its controller with these keyword arguments."""
+    return {"policy_function": "serving.autoscale:IngressPolicy", "policy_kwargs": {"target_busy": target_cpu}}

@@ -416,7 +416,8 @@ def test_a_cold_start_warms_the_near_cache_from_the_encoder(tmp_path, encoder):
 
 @pytest.mark.parametrize("bad", [{"projection_cache_size": -1}, {"cache_size": "many"},
                                  {"cross_encoder_placement": "gpu"}, {"cross_encoder_placment": "ingress"},
-                                 {"ingress": {"max": 2, "num_cpu": 1}}])
+                                 {"ingress": {"max": 2, "num_cpu": 1}}, {"ingress_target_cpu": 0},
+                                 {"ingress_target_cpu": "half"}])
 def test_app_args_reject_bad_cache_sizes(bad):
     from pydantic import ValidationError
 
@@ -504,7 +505,8 @@ def test_replicas_spread_over_nodes_and_give_idle_ones_back_when_asked():
     assert spread["autoscaling_config"] == {"min_replicas": 1, "max_replicas": 4, "initial_replicas": 1,
                                             "target_ongoing_requests": 4, "downscale_delay_s": 10,
                                             "upscale_delay_s": 5}
-    assert deployment_options(Replicas(), policy="m:f")["autoscaling_config"]["policy"] == {"policy_function": "m:f"}
+    policy = {"policy_function": "m:C", "policy_kwargs": {"k": 1}}
+    assert deployment_options(Replicas(), policy=policy)["autoscaling_config"]["policy"] == policy
     with pytest.raises(ValueError, match="max_per_node"):
         Replicas(max_per_node=0)
 
