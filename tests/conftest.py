@@ -67,6 +67,16 @@ os.environ.setdefault("RAY_ENABLE_WINDOWS_OR_OSX_CLUSTER", "0")
 if "RAY_AUTH_TOKEN_PATH" not in os.environ:
     _OWN_TEMP_DIRS.append(Path(tempfile.mkdtemp(prefix="embed-ray-")))
     os.environ["RAY_AUTH_TOKEN_PATH"] = str(_OWN_TEMP_DIRS[-1] / "auth_token")
+# several xdist workers on few cores: each worker's torch and OpenMP threads (ONNX Runtime follows torch's count),
+# and the processes it starts (Ray's, a sweep's driver: EMBED_DRIVER_THREADS), get its share of the cores. Unset,
+# every worker takes them all and the spinning OpenMP threads of two workers fight: the two thread-safety tests of
+# tests/test_batching.py side by side took 175 s on 2 cores, 29 s at one thread each
+_WORKERS = int(os.environ.get("PYTEST_XDIST_WORKER_COUNT", "1"))
+if _WORKERS > 1:
+    _SHARE = str(max(1, (len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else os.cpu_count() or 1)
+                     // _WORKERS))
+    os.environ.setdefault("OMP_NUM_THREADS", _SHARE)
+    os.environ.setdefault("EMBED_DRIVER_THREADS", _SHARE)
 # the project's own MLflow store is never the tests' (`make` exports it, and its artifact root, for the commands
 # it runs): a test that names no store logs to one of this session's, and every store keeps its artifacts beside it
 _OWN_TEMP_DIRS.append(Path(tempfile.mkdtemp(prefix="embed-mlflow-")))
