@@ -114,8 +114,9 @@ study: venv
 retrieval: venv
 	$(BIN)/python -m embed_lib retrieval --task qqp
 
-## the whole suite (slow and integration tests included), a module per worker: most of its time is spent
-## waiting on Ray, Serve and subprocesses, so two workers finish sooner even on 2 cores (TEST_WORKERS=0: serial)
+## the whole suite (slow and integration tests included), a module per worker. On 2 cores two workers keep both
+## busy (99% in a run of three: 1018 s against 860 s for two, so no third); tests/conftest.py gives each worker its
+## share of the cores for torch and OpenMP (860 -> 791 s). TEST_WORKERS=0: serial
 TEST_WORKERS ?= 2
 test: venv cluster-tools
 	@echo "$(DATA_NOTE)"
