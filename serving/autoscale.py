@@ -46,8 +46,6 @@ class IngressPolicy:
         return max(by_queue, sum(busy.values()) / self.target_busy), {}
 
 
-
-
 class CpuShare:
     """The share of one core this process used between two readings (all its threads: the event loop, a
     cross-encoder placed in the replica, Ray's own)."""
