@@ -55,8 +55,7 @@ class Ingress:
         self.args = AppArgs.model_validate(args)
         set_threads(self.args.ingress.num_cpus)
         self.ce_score, self.ce_info = cross_encoder_calls(cross_encoder, self.args, tracking_uri)
-        self.tracking_uri = tracking_uri
-        self.inflight = 0
+        self.tracking_uri, self.inflight = tracking_uri, 0
         self._pending_warm: list[str] | None = None  # corpus to fetch from the encoder (see check_health)
         self._warm_task: asyncio.Task | None = None
         self.manifest = None
@@ -78,6 +77,7 @@ class Ingress:
         self.manifest = user_config.get("manifest")
         if first and self.args.warm_corpus and self.manifest:
             self._warm_near(self.args.warm_corpus)
+        self._cpu.read()  # a load is no request load: the autoscaler's next reading starts after it
 
     def _warm_near(self, corpus: str) -> None:
         texts = corpus_texts(corpus, self.args.warm_corpus_columns)

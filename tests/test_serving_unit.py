@@ -414,6 +414,29 @@ def test_a_cold_start_warms_the_near_cache_from_the_encoder(tmp_path, encoder):
     assert not missing and found[texts[0]][0] == len(texts[0])
 
 
+def test_a_model_load_is_not_counted_as_load_by_the_autoscaler(monkeypatch):
+    """The ingress's CPU share (what its autoscaling policy reads) starts after the model loads: a start or a swap
+    in place costs CPU that more replicas would not absorb (with a low ingress_target_cpu it would scale out idle)."""
+    from serving.autoscale import BUSY, CpuShare
+
+    ingress = _ingress()
+    clock = {"wall": 0.0, "cpu": 0.0}
+    ingress._cpu = CpuShare(wall=lambda: clock["wall"], cpu=lambda: clock["cpu"])
+
+    def load(user_config, tracking_uri, previous):
+        clock.update(wall=clock["wall"] + 5, cpu=clock["cpu"] + 5)  # the load: a whole core for 5 s
+        return _model(), {"name": "m"}
+
+    # the class Serve's decorator holds runs in a copy of serving.app's globals: patch the ones it reads
+    monkeypatch.setitem(type(ingress).reconfigure.__globals__, "load_served", load)
+    ingress.reconfigure({"model_uri": "models:/m/1"})
+    clock.update(wall=clock["wall"] + 10, cpu=clock["cpu"] + 1)  # then 10 s of light requests
+    assert ingress.record_autoscaling_stats() == {BUSY: pytest.approx(0.1)}  # 0.4 had the load been counted
+    ingress.reconfigure({"model_uri": "models:/m/2"})  # a swap in place: the same
+    clock.update(wall=clock["wall"] + 4, cpu=clock["cpu"] + 2)
+    assert ingress.record_autoscaling_stats() == {BUSY: pytest.approx(0.5)}
+
+
 @pytest.mark.parametrize("bad", [{"projection_cache_size": -1}, {"cache_size": "many"},
                                  {"cross_encoder_placement": "gpu"}, {"cross_encoder_placment": "ingress"},
                                  {"ingress": {"max": 2, "num_cpu": 1}}, {"ingress_target_cpu": 0},
