@@ -131,9 +131,9 @@ test-no-mirror:
 	cd $(NO_MIRROR_DIR)/clone && env -u EMBED_DATA_DIR -u EMBED_CACHE_DIR -u EMBED_STORAGE_DIR -u MLFLOW_TRACKING_URI \
 	  -u MLFLOW_ARTIFACT_ROOT HF_HUB_OFFLINE=1 $(MAKE) test
 
-## the API fuzz run alone (2000 generated bodies; part of `make test` too) -> results/benchmarks/fuzz.json
+## the API fuzz run alone (2000 generated bodies; `make test` sends 1000) -> results/benchmarks/fuzz.json
 fuzz: venv
-	FUZZ_RESULTS=$(abspath results/benchmarks/fuzz.json) $(BIN)/python -m pytest -q tests/test_serving.py -k fuzz
+	FUZZ_BODIES=2000 FUZZ_RESULTS=$(abspath results/benchmarks/fuzz.json) $(BIN)/python -m pytest -q tests/test_serving.py -k fuzz
 
 bench: venv
 	$(BIN)/python benchmarks/encode_throughput.py
