@@ -92,19 +92,21 @@ def firewall_head(ns: str) -> str:
     return "none (no nft / iptables)"
 
 
-def session_pids(sid: int) -> list[int]:
+def session_pids(*sids: int) -> list[int]:
+    """The processes of the sessions `sids`."""
     out = sh("ps", "-eo", "pid=,sid=").stdout.split()
-    return [int(p) for p, s in zip(out[0::2], out[1::2]) if int(s) == sid]
+    return [int(p) for p, s in zip(out[0::2], out[1::2]) if int(s) in sids]
 
 
-def stop_session(sid: int, grace_s: float = 3.0) -> None:
-    """TERM every process of the session, KILL what is left after `grace_s`."""
+def stop_session(*sids: int, grace_s: float = 3.0) -> None:
+    """TERM every process of the sessions, KILL what is left after `grace_s`. Several sessions stop at once: N
+    nodes wait one grace period, not N (measured: each node's session outlived its TERM by the whole period)."""
     for sig in (signal.SIGTERM, signal.SIGKILL):
-        for pid in session_pids(sid):
+        for pid in session_pids(*sids):
             try:
                 os.kill(pid, sig)
             except ProcessLookupError:
                 pass
         deadline = time.monotonic() + grace_s
-        while session_pids(sid) and time.monotonic() < deadline:
+        while session_pids(*sids) and time.monotonic() < deadline:
             time.sleep(0.1)

@@ -141,16 +141,17 @@ def cmd_start(args) -> None:
 
 def cmd_stop(args) -> None:
     """The head first (with it the autoscaler, which could start a node meanwhile), then every node the state file
-    names, then whatever namespace or temp dir of this cluster's subnet is still there (a node launched while the
-    state was read)."""
+    names and the MLflow server together, then whatever namespace or temp dir of this cluster's subnet is still there
+    (a node launched while the state was read)."""
     st = state()
     head = st.get("nodes", {}).get("head")
     if head:
         stop_session(head["sid"])
     with locked():
         st = state() or st
+    sids = [node["sid"] for node in st.get("nodes", {}).values()] + ([st["mlflow"]["sid"]] if "mlflow" in st else [])
+    stop_session(*sids)  # the worker nodes and the MLflow server, all at once
     for node in reversed(list(st.get("nodes", {}).values())):
-        stop_session(node["sid"])
         remove_namespace(node["ns"])
         shutil.rmtree(node["temp"], ignore_errors=True)
     for ns in sh("ip", "netns", "list", check=False).stdout.split():
@@ -161,8 +162,6 @@ def cmd_stop(args) -> None:
             remove_namespace(ns)
     for temp in Path("/tmp").glob(f"emb{TAG}-w*"):
         shutil.rmtree(temp, ignore_errors=True)
-    if "mlflow" in st:
-        stop_session(st["mlflow"]["sid"])
     sh("ip", "link", "del", BRIDGE, check=False)
     sh("ip", "netns", "del", f"emb{TAG}-host", check=False)  # the name only: the host's namespace stays
     unlock_private(st)
