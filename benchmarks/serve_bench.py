@@ -110,7 +110,7 @@ def _serve(tmp: str, tracking: str, sentences: list[str], cross_encoder: str, di
 
     from serving.app import build_app
 
-    port = _SERVE_PORT.setdefault("port", free_port())
+    port = _SERVE_PORT.get("port") or _SERVE_PORT.setdefault("port", free_port())  # one bind, on the first call
     serve.start(http_options={"host": "127.0.0.1", "port": port})
     corpus = os.path.join(tmp, "corpus.txt")
     with open(corpus, "w") as fh:
