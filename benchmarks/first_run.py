@@ -23,7 +23,7 @@ from pathlib import Path
 
 import mlflow
 
-from benchmarks._common import REPO, cpu_model, write_results
+from benchmarks._common import REPO, cpu_flags, cpu_model, write_results
 
 #: what a first run must reach (issue 32): in all, venv included, and the quality of the study's champion
 TARGETS = {"wall_s_max": 1200, "teacher_test_min": 0.835, "winner_val_min": 0.012, "winner_test_min": 0.012,
@@ -105,8 +105,8 @@ def one_run(i: int, keep: bool) -> dict:
                 "teacher_folds": round((teacher["seconds"] or 0.0) - (teacher["stage_s"] or 0.0), 1),
                 "trials": stages.get("trials_s"),
                 "winner_and_registry": round(job - stages.get("precompute_s", 0.0) - stages.get("trials_s", 0.0), 1)}
-    return {"commit": commit, "cpu_model": cpu_model(), "cpus": os.cpu_count(), "wall_s": wall,
-            "wall_s_by_stage": by_stage,
+    return {"commit": commit, "cpu_model": cpu_model(), "cpu_flags": cpu_flags(), "cpus": os.cpu_count(),
+            "wall_s": wall, "wall_s_by_stage": by_stage,
             "teacher_test": teacher["test"], "teacher_val": teacher["val"], **figures,
             "job_succeeded": "SUCCEEDED" in text, "log": str(log),
             "winner_line": next((ln for ln in text.splitlines() if re.match(r"\s*winner \w+ \(", ln)), None)}
