@@ -151,8 +151,8 @@ def _prepare(ce, cfg: TeacherConfig) -> str:
         ce.model.get_input_embeddings().weight.requires_grad_(False)
     precision = effective_precision(cfg, ce.device)
     if precision != cfg.precision:
-        slower = (" (this CPU has neither AVX512-BF16 nor AMX: on 2 cores the fast teacher takes about 1.7x its bf16 "
-                  "time, results/README.md#the-first-run)" if ce.device.type == "cpu" else "")
+        slower = (" (this CPU has neither AVX512-BF16 nor AMX: about 1.7x the time of bf16, measured for the fast "
+                  "recipe on 2 cores, results/README.md#the-first-run)" if ce.device.type == "cpu" else "")
         log.warning("The teacher's recipe asks for %s training and %s does not compute it natively: training in %s%s.",
                     cfg.precision, ce.device, precision, slower)
     return precision
