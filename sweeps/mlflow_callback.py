@@ -1,15 +1,45 @@
 """MLflow for a sweep: the driver is the only writer (one child run per trial under the sweep's parent run,
-reused when a resumed sweep restarts a trial); `close_orphans` ends what a killed driver left RUNNING."""
+reused when a resumed sweep restarts a trial); `close_orphans` ends what a killed driver left RUNNING.
+
+A tracking server that dies while it answers cuts its response mid-body. MLflow's client retries a refused connection
+with backoff, but not a cut response (requests reads the body after urllib3's retries are done), so every call here
+goes through `_retry`: the same call again, which then waits out the restart in MLflow's own backoff. A run is created
+only after a search for the trial's run, so a retried creation whose first attempt reached the store finds that run."""
 from __future__ import annotations
 
 import json
-from typing import Any
+import time
+from typing import Any, Callable
 
 import mlflow
+import requests
 from mlflow.entities import Metric, Param, RunTag
 from ray import tune
 
 from sweeps.trainable import FINAL_KEYS, METRIC
+
+
+def cut_response(exc: BaseException | None) -> bool:
+    """Whether `exc` is (or was raised while handling) a response cut mid-body: MLflow's MlflowException keeps the
+    transport's error only as its context ("Connection broken: IncompleteRead")."""
+    for _ in range(8):  # the chain is short; bounded all the same
+        if exc is None:
+            return False
+        if isinstance(exc, requests.exceptions.ChunkedEncodingError):
+            return True
+        exc = exc.__cause__ or exc.__context__
+    return False
+
+
+def _retry(call: Callable[..., Any], *args, attempts: int = 4, pause_s: float = 1.0, **kwargs) -> Any:
+    """`call(*args, **kwargs)`, again after a cut response (see module docstring); anything else is raised at once."""
+    for attempt in range(attempts):
+        try:
+            return call(*args, **kwargs)
+        except Exception as exc:
+            if attempt == attempts - 1 or not cut_response(exc):
+                raise
+            time.sleep(pause_s * 2 ** attempt)
 
 
 class MLflowTrialCallback(tune.Callback):
@@ -26,22 +56,31 @@ class MLflowTrialCallback(tune.Callback):
     def client(self):
         return mlflow.MlflowClient(self.tracking_uri)
 
+    def _call(self, method: str, *args, **kwargs) -> Any:
+        return _retry(getattr(self.client, method), *args, **kwargs)
+
+    def _find(self, trial_id: str) -> str | None:
+        found = self.client.search_runs(
+            [self.experiment_id], f"tags.`mlflow.parentRunId` = '{self.parent}' and tags.trial_id = '{trial_id}'")
+        return found[0].info.run_id if found else None
+
+    def _create(self, trial_id: str) -> str:
+        """The trial's run: found if an earlier attempt created it, else created (so a retry never doubles it)."""
+        return self._find(trial_id) or self.client.create_run(
+            self.experiment_id, run_name=f"trial-{trial_id}",
+            tags={"mlflow.parentRunId": self.parent, "trial_id": trial_id}).info.run_id
+
     def _run_for(self, trial) -> str:
         if trial.trial_id in self.runs:
             return self.runs[trial.trial_id]
-        found = self.client.search_runs(
-            [self.experiment_id], f"tags.`mlflow.parentRunId` = '{self.parent}' and tags.trial_id = '{trial.trial_id}'")
-        if found:  # a resumed sweep restarting this trial: reuse its run
-            run_id = found[0].info.run_id
-            self.client.update_run(run_id, status="RUNNING")
+        run_id = _retry(self._find, trial.trial_id)
+        if run_id:  # a resumed sweep restarting this trial: reuse its run
+            self._call("update_run", run_id, status="RUNNING")
         else:
-            run = self.client.create_run(self.experiment_id, run_name=f"trial-{trial.trial_id}",
-                                         tags={"mlflow.parentRunId": self.parent, "trial_id": trial.trial_id})
-            run_id = run.info.run_id
-
+            run_id = _retry(self._create, trial.trial_id)
             config = {**trial.config, **self.fixed}  # the configuration that actually trains
-            self.client.log_batch(run_id, params=[Param(k, str(v)) for k, v in sorted(config.items())])
-            self.client.log_dict(run_id, config, "config.json")
+            self._call("log_batch", run_id, params=[Param(k, str(v)) for k, v in sorted(config.items())])
+            self._call("log_dict", run_id, config, "config.json")
         self.runs[trial.trial_id] = run_id
         return run_id
 
@@ -56,7 +95,7 @@ class MLflowTrialCallback(tune.Callback):
         if seen and seen[-1] == node["id"]:
             return
         seen.append(node["id"])
-        self.client.log_batch(run_id, tags=[RunTag(k, v) for k, v in {
+        self._call("log_batch", run_id, tags=[RunTag(k, v) for k, v in {
             "node_id": node["id"], "node_ip": str(node.get("ip")), "node_type": node.get("type") or "",
             "node_resources": json.dumps(node.get("resources", {}), sort_keys=True),
             "trial_resources": json.dumps(node.get("trial_resources", {}), sort_keys=True),
@@ -73,30 +112,30 @@ class MLflowTrialCallback(tune.Callback):
                        if k in (*FINAL_KEYS, METRIC, "seconds") or k.startswith("transfer/")]
             metrics += [Metric(f"seed/{k}", float(v), ts, i) for i, r in enumerate(per_seed)
                         for k, v in r.items() if isinstance(v, (int, float)) and v == v]
-            self.client.log_batch(run_id, metrics=metrics)
-            self.client.log_dict(run_id, per_seed, "per_seed.json")
+            self._call("log_batch", run_id, metrics=metrics)
+            self._call("log_dict", run_id, per_seed, "per_seed.json")
         else:
-            self.client.log_batch(run_id, metrics=[Metric(k, float(result[k]), ts, step) for k in result
+            self._call("log_batch", run_id, metrics=[Metric(k, float(result[k]), ts, step) for k in result
                                                    if k.startswith("epoch/") or k == METRIC])
 
     def on_trial_complete(self, iteration, trials, trial, **info):
         run_id = self._run_for(trial)
         if "per_seed" not in (trial.last_result or {}):
-            self.client.set_tag(run_id, "stopped_early", "true")  # ASHA pruned it
-        self.client.set_terminated(run_id, "FINISHED")
+            self._call("set_tag", run_id, "stopped_early", "true")  # ASHA pruned it
+        self._call("set_terminated", run_id, "FINISHED")
 
     def on_trial_error(self, iteration, trials, trial, **info):
-        self.client.set_terminated(self._run_for(trial), "FAILED")
+        self._call("set_terminated", self._run_for(trial), "FAILED")
 
 
 
 def close_orphans(tracking_uri: str, experiment_id: str, parent_run_id: str) -> int:
     """Child runs still RUNNING after the sweep (a killed driver's in-flight trials) -> KILLED."""
     client = mlflow.MlflowClient(tracking_uri)
-    runs = client.search_runs([experiment_id], f"tags.`mlflow.parentRunId` = '{parent_run_id}' and "
-                                               "attributes.status = 'RUNNING'")
+    runs = _retry(client.search_runs, [experiment_id], f"tags.`mlflow.parentRunId` = '{parent_run_id}' and "
+                                                        "attributes.status = 'RUNNING'")
     for r in runs:
-        client.set_terminated(r.info.run_id, "KILLED")
+        _retry(client.set_terminated, r.info.run_id, "KILLED")
     return len(runs)
 
 

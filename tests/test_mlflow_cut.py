@@ -1,0 +1,129 @@
+"""A tracking server that dies while it answers: the sweep's MLflow callback against a real server behind a proxy that
+forwards each request (so the store acts on it) and then cuts chosen responses mid-body, as a killed server does."""
+from __future__ import annotations
+
+import http.server
+import json
+import os
+import threading
+from types import SimpleNamespace
+
+import pytest
+import requests
+
+from tests.conftest import free_ports
+from tests.test_tracking_store import _mlflow_server
+
+
+class CuttingProxy(http.server.ThreadingHTTPServer):
+    """Forwards to `upstream`; the first `cuts[path]` responses of each path are cut after half their body."""
+
+    def __init__(self, port: int, upstream: str, cuts: dict[str, int]):
+        self.upstream, self.cuts, self.cut = upstream, dict(cuts), []
+        super().__init__(("127.0.0.1", port), _Forward)
+
+
+class _Forward(http.server.BaseHTTPRequestHandler):
+    def _relay(self):
+        body = self.rfile.read(int(self.headers.get("Content-Length") or 0))
+        keep = {k: v for k, v in self.headers.items() if k.lower() in ("authorization", "content-type")}
+        r = requests.request(self.command, self.server.upstream + self.path, data=body, headers=keep, timeout=60)
+        path = self.path.split("?")[0]
+        cut = self.server.cuts.get(path, 0) > 0
+        self.send_response(r.status_code)
+        self.send_header("Content-Type", r.headers.get("Content-Type", "application/json"))
+        self.send_header("Content-Length", str(len(r.content)))
+        self.end_headers()
+        if cut:  # the store has acted; the answer stops halfway
+            self.server.cuts[path] -= 1
+            self.server.cut.append(path)
+            self.wfile.write(r.content[: len(r.content) // 2])
+            self.wfile.flush()
+            self.close_connection = True
+        else:
+            self.wfile.write(r.content)
+
+    do_GET = do_POST = do_PUT = do_PATCH = _relay
+
+    def log_message(self, *args):
+        pass
+
+
+@pytest.fixture(scope="module")
+def cut_server(tmp_path_factory):
+    """(start a proxy with these cuts, the real server's client, the proxy's tracking URI); one server for the module
+    (it takes ~20 s to start here), a proxy per test."""
+    import mlflow
+
+    server_port, proxy_port = free_ports(2)
+    start, stop, env = _mlflow_server(tmp_path_factory.mktemp("cut"), server_port)
+    start()
+    saved = {k: os.environ.get(k) for k in env}
+    os.environ.update(env)
+    proxies = []
+
+    def proxy(cuts: dict[str, int]) -> CuttingProxy:
+        for old in proxies:
+            old.shutdown()
+            old.server_close()
+        p = CuttingProxy(proxy_port, env["MLFLOW_TRACKING_URI"], cuts)
+        threading.Thread(target=p.serve_forever, daemon=True).start()
+        proxies.append(p)
+        return p
+
+    try:
+        yield proxy, mlflow.MlflowClient(env["MLFLOW_TRACKING_URI"]), f"http://127.0.0.1:{proxy_port}"
+    finally:
+        for p in proxies:
+            p.shutdown()
+            p.server_close()
+        for k, v in saved.items():
+            os.environ.pop(k) if v is None else os.environ.__setitem__(k, v)
+        stop()
+
+
+def test_a_response_cut_mid_body_is_what_mlflow_does_not_retry_and_cut_response_names_it(cut_server):
+    """The gap the callback fills: MLflow's client raises on a cut response (after its store acted), and
+    `cut_response` recognises it through the exception's context; an ordinary MLflow error is not one."""
+    import mlflow
+
+    from sweeps.mlflow_callback import cut_response
+
+    proxy, direct, uri = cut_server
+    p = proxy({"/api/2.0/mlflow/experiments/create": 1})
+    with pytest.raises(mlflow.exceptions.MlflowException) as cut:
+        mlflow.MlflowClient(uri).create_experiment("cut")
+    assert "IncompleteRead" in str(cut.value) and cut_response(cut.value)
+    assert p.cut == ["/api/2.0/mlflow/experiments/create"]
+    assert direct.get_experiment_by_name("cut") is not None  # the store acted before the answer was cut
+    with pytest.raises(mlflow.exceptions.MlflowException) as refused:
+        mlflow.MlflowClient(uri).create_experiment("cut")  # exists: an answer, not a cut
+    assert not cut_response(refused.value)
+
+
+def test_the_trial_callback_records_each_trial_once_through_cut_responses(cut_server):
+    """Search, create, params, node tags, metrics and the end of a trial each answered with a cut once: the trial has
+    one run, its params, its metrics once each and FINISHED; the cut creation was found, not made again."""
+    from sweeps.mlflow_callback import MLflowTrialCallback, close_orphans
+
+    proxy, direct, uri = cut_server
+    exp = direct.create_experiment("cuts")
+    parent = direct.create_run(exp, run_name="sweep").info.run_id
+    api = "/api/2.0/mlflow/runs/"
+    p = proxy({api + "search": 1, api + "create": 1, api + "log-batch": 3, api + "update": 1})
+    cb = MLflowTrialCallback(uri, exp, parent, fixed={"epochs": 2})
+    trial = SimpleNamespace(trial_id="t1", config={"tau": 0.5}, last_result={"per_seed": "[]"})
+    cb.on_trial_start(0, [], trial)
+    node = json.dumps({"id": "n1", "ip": "127.0.0.1", "resources": {"CPU": 2}})
+    cb.on_trial_result(0, [], trial, {"training_iteration": 1, "epoch/val": 0.81, "node": node, "timestamp": 1.0})
+    cb.on_trial_complete(0, [], trial)
+
+    assert sorted(set(p.cut)) == sorted({api + "search", api + "create", api + "log-batch", api + "update"})
+    assert len(p.cut) == 6  # every cut was taken: each call above met one and went on
+    runs = direct.search_runs([exp], "tags.trial_id = 't1'")
+    assert len(runs) == 1
+    run = runs[0]
+    assert run.info.status == "FINISHED" and run.data.params == {"epochs": "2", "tau": "0.5"}
+    assert run.data.tags["node_id"] == "n1"
+    assert [(m.value, m.step) for m in direct.get_metric_history(run.info.run_id, "epoch/val")] == [(0.81, 1)]
+    assert close_orphans(uri, exp, parent) == 0
