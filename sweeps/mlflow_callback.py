@@ -4,7 +4,9 @@ reused when a resumed sweep restarts a trial); `close_orphans` ends what a kille
 A tracking server that dies while it answers cuts its response mid-body. MLflow's client retries a refused connection
 with backoff, but not a cut response (requests reads the body after urllib3's retries are done), so every call here
 goes through `_retry`: the same call again, which then waits out the restart in MLflow's own backoff. A run is created
-only after a search for the trial's run, so a retried creation whose first attempt reached the store finds that run."""
+only after a search for the trial's run, so a retried creation whose first attempt reached the store finds that run;
+and a trial with two runs (MLflow's client resends a request whose connection dropped before any answer) keeps its
+first, the other deleted."""
 from __future__ import annotations
 
 import json
@@ -60,9 +62,13 @@ class MLflowTrialCallback(tune.Callback):
         return _retry(getattr(self.client, method), *args, **kwargs)
 
     def _find(self, trial_id: str) -> str | None:
+        """The trial's run, if any: the first created, the others (doubles) deleted."""
         found = self.client.search_runs(
             [self.experiment_id], f"tags.`mlflow.parentRunId` = '{self.parent}' and tags.trial_id = '{trial_id}'")
-        return found[0].info.run_id if found else None
+        first, *doubles = sorted(found, key=lambda r: (r.info.start_time, r.info.run_id)) or [None]
+        for r in doubles:
+            self.client.delete_run(r.info.run_id)
+        return first.info.run_id if first else None
 
     def _create(self, trial_id: str) -> str:
         """The trial's run: found if an earlier attempt created it, else created (so a retry never doubles it)."""
@@ -77,7 +83,10 @@ class MLflowTrialCallback(tune.Callback):
         if run_id:  # a resumed sweep restarting this trial: reuse its run
             self._call("update_run", run_id, status="RUNNING")
         else:
-            run_id = _retry(self._create, trial.trial_id)
+            _retry(self._create, trial.trial_id)
+            # MLflow's client itself sends a request again when the connection drops before any answer, so a
+            # creation the store had made can be made twice: the search after it keeps the first
+            run_id = _retry(self._find, trial.trial_id)
             config = {**trial.config, **self.fixed}  # the configuration that actually trains
             self._call("log_batch", run_id, params=[Param(k, str(v)) for k, v in sorted(config.items())])
             self._call("log_dict", run_id, config, "config.json")

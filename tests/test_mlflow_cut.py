@@ -16,10 +16,11 @@ from tests.test_tracking_store import _mlflow_server
 
 
 class CuttingProxy(http.server.ThreadingHTTPServer):
-    """Forwards to `upstream`; the first `cuts[path]` responses of each path are cut after half their body."""
+    """Forwards to `upstream`; the first `cuts[path]` responses of each path are cut after half their body, and the
+    first `drops[path]` get no answer at all (the connection closed once the store has acted)."""
 
-    def __init__(self, port: int, upstream: str, cuts: dict[str, int]):
-        self.upstream, self.cuts, self.cut = upstream, dict(cuts), []
+    def __init__(self, port: int, upstream: str, cuts: dict[str, int], drops: dict[str, int] | None = None):
+        self.upstream, self.cuts, self.drops, self.cut, self.dropped = upstream, dict(cuts), dict(drops or {}), [], []
         super().__init__(("127.0.0.1", port), _Forward)
 
 
@@ -29,6 +30,11 @@ class _Forward(http.server.BaseHTTPRequestHandler):
         keep = {k: v for k, v in self.headers.items() if k.lower() in ("authorization", "content-type")}
         r = requests.request(self.command, self.server.upstream + self.path, data=body, headers=keep, timeout=60)
         path = self.path.split("?")[0]
+        if self.server.drops.get(path, 0) > 0:
+            self.server.drops[path] -= 1
+            self.server.dropped.append(path)
+            self.close_connection = True
+            return
         cut = self.server.cuts.get(path, 0) > 0
         self.send_response(r.status_code)
         self.send_header("Content-Type", r.headers.get("Content-Type", "application/json"))
@@ -62,11 +68,11 @@ def cut_server(tmp_path_factory):
     os.environ.update(env)
     proxies = []
 
-    def proxy(cuts: dict[str, int]) -> CuttingProxy:
+    def proxy(cuts: dict[str, int], drops: dict[str, int] | None = None) -> CuttingProxy:
         for old in proxies:
             old.shutdown()
             old.server_close()
-        p = CuttingProxy(proxy_port, env["MLFLOW_TRACKING_URI"], cuts)
+        p = CuttingProxy(proxy_port, env["MLFLOW_TRACKING_URI"], cuts, drops)
         threading.Thread(target=p.serve_forever, daemon=True).start()
         proxies.append(p)
         return p
@@ -127,3 +133,26 @@ def test_the_trial_callback_records_each_trial_once_through_cut_responses(cut_se
     assert run.data.tags["node_id"] == "n1"
     assert [(m.value, m.step) for m in direct.get_metric_history(run.info.run_id, "epoch/val")] == [(0.81, 1)]
     assert close_orphans(uri, exp, parent) == 0
+
+
+def test_a_creation_mlflow_sends_twice_leaves_the_trial_one_run(cut_server):
+    """The connection closed without an answer after the store created the trial's run: MLflow's client sends the
+    creation again (its retries cover any method), so the store holds two runs of the trial; the callback keeps the
+    first and deletes the other, before any param is logged."""
+    from sweeps.mlflow_callback import MLflowTrialCallback
+
+    proxy, direct, uri = cut_server
+    exp = direct.create_experiment("drops")
+    parent = direct.create_run(exp, run_name="sweep").info.run_id
+    p = proxy({}, drops={"/api/2.0/mlflow/runs/create": 1})
+    cb = MLflowTrialCallback(uri, exp, parent)
+    trial = SimpleNamespace(trial_id="t2", config={"tau": 0.5}, last_result={})
+    cb.on_trial_start(0, [], trial)
+    assert p.dropped == ["/api/2.0/mlflow/runs/create"]
+    from mlflow.entities import ViewType
+
+    every = direct.search_runs([exp], "tags.trial_id = 't2'", run_view_type=ViewType.ALL)
+    assert len(every) == 2  # the resent creation made a second run ...
+    (kept,) = direct.search_runs([exp], "tags.trial_id = 't2'")  # ... and one is left
+    assert kept.info.run_id == cb.runs["t2"] == min(every, key=lambda r: r.info.start_time).info.run_id
+    assert kept.data.params == {"tau": "0.5"}
