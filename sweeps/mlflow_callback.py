@@ -125,7 +125,7 @@ class MLflowTrialCallback(tune.Callback):
             self._call("log_dict", run_id, per_seed, "per_seed.json")
         else:
             self._call("log_batch", run_id, metrics=[Metric(k, float(result[k]), ts, step) for k in result
-                                                   if k.startswith("epoch/") or k == METRIC])
+                                                     if k.startswith("epoch/") or k == METRIC])
 
     def on_trial_complete(self, iteration, trials, trial, **info):
         run_id = self._run_for(trial)
