@@ -100,7 +100,7 @@ def pytest_unconfigure(config) -> None:
 #: (xdist's own reordering, by number of tests, is off), so the short modules fill whichever worker finishes its
 #: long ones first instead of one long module running alone at the end
 LONGEST_FIRST = ("test_multinode.py", "test_serving.py", "test_sweeps.py", "test_sweeps_registry.py",
-                 "test_tracking_store.py", "test_distributed.py",
+                 "test_tracking_store.py", "test_mlflow_cut.py", "test_distributed.py",
                  "test_cluster.py", "test_cross_encoder.py", "test_train.py", "test_onnx_backend.py",
                  "test_teacher.py")
 

@@ -1,5 +1,6 @@
-"""A tracking server that dies while it answers: the sweep's MLflow callback against a real server behind a proxy that
-forwards each request (so the store acts on it) and then cuts chosen responses mid-body, as a killed server does."""
+"""A tracking server that dies while it answers: the sweep's MLflow callback, and a sweep's registration, against a
+real server behind a proxy that forwards each request (so the store acts on it) and then cuts chosen responses
+mid-body, or closes without one, as a killed server does."""
 from __future__ import annotations
 
 import http.server
@@ -56,9 +57,10 @@ class _Forward(http.server.BaseHTTPRequestHandler):
 
 
 @pytest.fixture(scope="module")
-def cut_server(tmp_path_factory):
+def cut_server(tmp_path_factory, ray_cluster):
     """(start a proxy with these cuts, the real server's client, the proxy's tracking URI); one server for the module
-    (it takes ~20 s to start here), a proxy per test."""
+    (it takes ~20 s to start here), a proxy per test. The session's cluster is started first, so that the environment
+    it keeps for later tests never holds this module's MLflow credentials."""
     import mlflow
 
     server_port, proxy_port = free_ports(2)
@@ -156,3 +158,40 @@ def test_a_creation_mlflow_sends_twice_leaves_the_trial_one_run(cut_server):
     (kept,) = direct.search_runs([exp], "tags.trial_id = 't2'")  # ... and one is left
     assert kept.info.run_id == cb.runs["t2"] == min(every, key=lambda r: r.info.start_time).info.run_id
     assert kept.data.params == {"tau": "0.5"}
+
+
+@pytest.mark.slow
+def test_a_sweep_whose_registration_was_cut_finishes_with_resume(cut_server, sweep_env):
+    """The answer to the winner's model-version creation cut (the store made version 1): the driver fails, as the
+    parent run's writes have only MLflow's own retries (docs/clusters.md, Faults). `--resume` runs no trial again,
+    registers version 2 as champion with its evidence, and leaves version 1 without tags or alias."""
+    import subprocess
+    import sys
+
+    from tests.sweeps_common import REPO
+
+    proxy, direct, uri = cut_server
+    p = proxy({"/api/2.0/mlflow/model-versions/create": 1})
+    creds = {k: os.environ[k] for k in ("MLFLOW_TRACKING_USERNAME", "MLFLOW_TRACKING_PASSWORD")}
+    env = {**sweep_env, **creds, "MLFLOW_TRACKING_URI": uri}
+    args = [sys.executable, "sweeps/pair_residual.py", "--task", "stsb", "--no-teacher", "--search", "grid",
+            "--grid", "adapter=pair_gated", "--grid", "target=lexical", "--grid", "gamma=0.05,0.1", "--seeds", "2",
+            "--epochs", "2", "--limit", "120", "--transfer", "mrpc", "--transfer-tolerance", "1.0",
+            "--experiment", "cut-registration", "--name", "cut-registration"]
+    failed = subprocess.run(args, env=env, cwd=REPO, capture_output=True, text=True, timeout=600)
+    assert failed.returncode != 0 and "IncompleteRead" in failed.stderr, failed.stdout[-2000:] + failed.stderr[-2000:]
+    assert p.cut == ["/api/2.0/mlflow/model-versions/create"]
+    resumed = subprocess.run([*args, "--resume"], env=env, cwd=REPO, capture_output=True, text=True, timeout=600)
+    assert resumed.returncode == 0, resumed.stdout[-2000:] + resumed.stderr[-2000:]
+    out = json.loads(resumed.stdout.strip().splitlines()[-1])
+    assert out["stages"]["trials_s"] < 5 and out["complete"] == 2  # restored from Tune's state, none trained again
+    name = "pair-residual-stsb-limited"
+    assert (out["registered_name"], out["version"], out["alias"]) == (name, "2", "champion")
+    assert direct.get_model_version_by_alias(name, "champion").version == "2"
+    assert "promotion" in direct.get_model_version(name, "2").tags
+    orphan = direct.get_model_version(name, "1")
+    assert not orphan.tags and not orphan.aliases
+    exp = direct.get_experiment_by_name("cut-registration")
+    trials = direct.search_runs([exp.experiment_id], "tags.trial_id != ''")
+    assert sorted(r.data.tags["trial_id"] for r in trials) == sorted({r.data.tags["trial_id"] for r in trials})
+    assert len(trials) == 2 and all(r.info.status == "FINISHED" for r in trials)
