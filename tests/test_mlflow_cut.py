@@ -164,7 +164,8 @@ def test_a_creation_mlflow_sends_twice_leaves_the_trial_one_run(cut_server):
 def test_a_sweep_whose_registration_was_cut_finishes_with_resume(cut_server, sweep_env):
     """The answer to the winner's model-version creation cut (the store made version 1): the driver fails, as the
     parent run's writes have only MLflow's own retries (docs/clusters.md, Faults). `--resume` runs no trial again,
-    registers version 2 as champion with its evidence, and leaves version 1 without tags or alias."""
+    registers version 2 as champion with its evidence, and leaves version 1 without tags or alias. A limited run
+    (`--limit`): it registers under a name of its own, never the real model's."""
     import subprocess
     import sys
 
@@ -188,6 +189,7 @@ def test_a_sweep_whose_registration_was_cut_finishes_with_resume(cut_server, swe
     name = "pair-residual-stsb-limited"
     assert (out["registered_name"], out["version"], out["alias"]) == (name, "2", "champion")
     assert direct.get_model_version_by_alias(name, "champion").version == "2"
+    assert direct.search_model_versions("name='pair-residual-stsb'") == []
     assert "promotion" in direct.get_model_version(name, "2").tags
     orphan = direct.get_model_version(name, "1")
     assert not orphan.tags and not orphan.aliases
