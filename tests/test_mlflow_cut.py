@@ -50,7 +50,7 @@ class _Forward(http.server.BaseHTTPRequestHandler):
         else:
             self.wfile.write(r.content)
 
-    do_GET = do_POST = do_PUT = do_PATCH = _relay
+    do_GET = do_POST = do_PUT = do_PATCH = do_DELETE = _relay
 
     def log_message(self, *args):
         pass
