@@ -236,12 +236,13 @@ def test_intermediate_stage_rules_and_keys(tiny_splits, tmp_path):
 
 def test_later_fields_enter_the_keys_only_when_set(tiny_splits):
     bf16, frozen = dataclasses.replace(TINY, precision="bf16"), dataclasses.replace(TINY, freeze_embeddings=True)
-    assert len({teacher_key(c, tiny_splits) for c in (TINY, bf16, frozen)}) == 3
+    layers = dataclasses.replace(TINY, freeze_layers=3)
+    assert len({teacher_key(c, tiny_splits) for c in (TINY, bf16, frozen, layers)}) == 4
     staged = TeacherConfig(intermediate="others")
     stage_keys = {I.stage_key(c, tiny_splits["train"]) for c in
                   (staged, dataclasses.replace(staged, precision="bf16"),
-                   dataclasses.replace(staged, freeze_embeddings=True))}
-    assert len(stage_keys) == 3  # a stage trained in bf16 or with frozen embeddings is another stage
+                   dataclasses.replace(staged, freeze_embeddings=True), dataclasses.replace(staged, freeze_layers=3))}
+    assert len(stage_keys) == 4  # a stage trained in bf16, with frozen embeddings or frozen layers is another stage
     # the stage trains one epoch on one order, whatever the folds' epochs: the same stage
     assert I.stage_key(dataclasses.replace(staged, epochs=3), tiny_splits["train"]) == I.stage_key(
         staged, tiny_splits["train"])
@@ -270,6 +271,29 @@ def test_frozen_embeddings_stay_as_the_backbone_has_them_and_the_rest_trains(tin
     changed = [n for n, p in ce.model.named_parameters() if not torch.equal(p, before[n])]
     assert any("encoder.layer.0." in n for n in changed) and any("classifier" in n for n in changed)
     assert name not in changed
+
+
+def test_frozen_layers_keep_the_embedding_block_and_the_first_layers_and_train_the_rest(tiny_splits):
+    cfg = TeacherConfig(epochs=1, batch_size=8, max_length=32, both_orders=False, early_stopping_fraction=0.0,
+                        freeze_layers=2)
+    ce, before, _ = _fit_tiny(tiny_splits, cfg)
+    changed = {n for n, p in ce.model.named_parameters() if not torch.equal(p, before[n])}
+    frozen = {n for n in before if ".embeddings." in n or ".encoder.layer.0." in n or ".encoder.layer.1." in n}
+    assert frozen and not frozen & changed  # position and type embeddings and their norm too, not only the table
+    assert any(".encoder.layer.2." in n for n in changed) and any(".encoder.layer.5." in n for n in changed)
+    assert any("classifier" in n for n in changed)
+    # the backward pass stops above the frozen layers: nothing below layer 2 holds a gradient
+    assert all(p.grad is None for n, p in ce.model.named_parameters() if n in frozen)
+
+
+def test_frozen_layers_refuse_a_model_without_that_many(tiny_splits):
+    ce = recipe.load(TINY, "cpu", None)
+    with pytest.raises(ValueError, match=r"TeacherConfig.freeze_layers=7, but the model has 6 layers: give at most 5"):
+        recipe.freeze_bottom(ce.model, 7)
+    with pytest.raises(ValueError, match=r"no embedding block and layer list to freeze: set freeze_layers=0"):
+        recipe.freeze_bottom(torch.nn.Sequential(torch.nn.Linear(2, 2)), 1)
+    with pytest.raises(ValueError, match=r"TeacherConfig.freeze_layers=-1"):
+        TeacherConfig(freeze_layers=-1)
 
 
 def test_bf16_trains_in_bf16_where_the_device_has_it_and_in_fp32_where_not(tiny_splits, monkeypatch, caplog):
