@@ -154,7 +154,7 @@ def freeze_bottom(model: torch.nn.Module, layers: int) -> None:
     if stack is None or not isinstance(embeddings, torch.nn.Module):
         raise ValueError(f"TeacherConfig.freeze_layers={layers}, but {type(model).__name__} has no embedding block "
                          "and layer list to freeze: set freeze_layers=0 for this model.")
-    if layers > len(stack):
+    if layers >= len(stack):
         raise ValueError(f"TeacherConfig.freeze_layers={layers}, but the model has {len(stack)} layers: give at most "
                          f"{len(stack) - 1}, so that some of the backbone trains.")
     embeddings.requires_grad_(False)
