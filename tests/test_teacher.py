@@ -229,8 +229,8 @@ def test_intermediate_stage_rules_and_keys(tiny_splits, tmp_path):
     # and so does one that leaves the fields added later (precision, freeze_embeddings) at their defaults
     old = {k: v for k, v in dataclasses.asdict(TINY).items()
            if not k.startswith("intermediate") and k not in TC.LATER_FIELDS}
-    blob = json.dumps({"teacher": old, "version": 2, "data": {k: v.fingerprint for k, v in sorted(tiny_splits.items())}},
-                      sort_keys=True)
+    prints = {k: v.fingerprint for k, v in sorted(tiny_splits.items())}
+    blob = json.dumps({"teacher": old, "version": 2, "data": prints}, sort_keys=True)
     assert teacher_key(TINY, tiny_splits) == hashlib.sha256(blob.encode()).hexdigest()[:20]
 
 
