@@ -3,12 +3,12 @@ the teacher's quality.
 
     .venv/bin/python benchmarks/teacher_frozen_layers.py [--layers 0,2,3] [--rounds 2] [--teacher 3]
 
-Steps: `--rounds` rounds, each timing every `--layers` value in turn on the same 30 batches of 16 STS-B train pairs
-(length-bucketed, after 5 untimed), one torch thread, in fp32 (as on a CPU without native bf16), the fast preset's
-other settings; the median round per value and its ratio to the first value. `--teacher N`: also the whole fast
-teacher with N layers frozen, through `load_study` (trained once, about 14 min in fp32 on 2 cores, then read from the
-cache), with its stage and folds' seconds and its validation and test Spearman against the floor 0.835. Writes
-results/benchmarks/teacher_frozen_layers.json.
+Steps: `--rounds` rounds, each timing every `--layers` value in turn: the recipe's own training (`recipe.fit`) on the
+same 560 STS-B train pairs in 35 length-bucketed batches of 16 (the fast preset's), the last 30 steps timed, one torch
+thread, in fp32 (as on a CPU without native bf16); the median round per value and its ratio to the first value.
+`--teacher N`: also the whole fast teacher with N layers frozen, through `load_study` (trained once, about 14 min in
+fp32 on 2 cores, then read from the cache), with its stage and folds' seconds and its validation and test Spearman
+against the floor 0.835. Writes results/benchmarks/teacher_frozen_layers.json.
 """
 from __future__ import annotations
 
@@ -28,24 +28,14 @@ from embed_lib.teacher.config import teacher_preset
 STEPS, WARM, BATCH = 30, 5, 16
 
 
-def _step_seconds(layers: int, pairs: list[list[str]], batches: list[np.ndarray]) -> float:
-    """Seconds of STEPS training steps (forward, backward, fused AdamW) after WARM untimed ones."""
-    cfg = teacher_preset("fast", precision="fp32", freeze_layers=layers)
+def _step_seconds(layers: int, pairs: list[list[str]], y: np.ndarray) -> float:
+    """Seconds of the last STEPS optimizer steps of the recipe's own training (`recipe.fit`: forward, backward,
+    gradient clip, fused AdamW) on `pairs`, one order, after WARM untimed ones."""
+    cfg = teacher_preset("fast", precision="fp32", freeze_layers=layers, both_orders=False)
     ce = recipe.load(cfg, "cpu", seed=0)
-    recipe._prepare(ce, cfg)
-    opt, _ = recipe._optimizer(ce.model, cfg, ce.device, len(batches))
-    ce.model.train()
-    y = torch.rand(BATCH, generator=torch.Generator().manual_seed(0))
-    total = 0.0
-    for i, idx in enumerate(batches):
-        t0 = time.perf_counter()
-        z = recipe.logits(ce, [pairs[j] for j in idx])
-        loss = torch.nn.functional.binary_cross_entropy_with_logits(z.float(), y[:len(idx)])
-        opt.zero_grad(set_to_none=True)
-        loss.backward()
-        opt.step()
-        total += (time.perf_counter() - t0) if i >= WARM else 0.0
-    return total
+    ends: list[float] = []
+    recipe.fit(ce, pairs, y, cfg, seed=0, after_step=lambda _: ends.append(time.perf_counter()))
+    return ends[-1] - ends[WARM - 1]
 
 
 def _teacher(layers: int) -> dict:
@@ -69,14 +59,13 @@ def main() -> None:
     args = ap.parse_args()
     torch.set_num_threads(1)
     d = load_task("stsb", "train", os.environ.get("EMBED_DATA_DIR"))
-    pairs = [[a, b] for a, b in zip(d.sentence1, d.sentence2)]
-    lengths = np.array([len(a) + len(b) for a, b in pairs])
-    batches = recipe.length_batches(lengths, BATCH, np.random.default_rng(0))[:STEPS + WARM]
+    rows = np.random.default_rng(0).permutation(len(d))[:(STEPS + WARM) * BATCH]  # fit batches them by length
+    pairs, y = [[d.sentence1[i], d.sentence2[i]] for i in rows], d.label[rows]
     values = [int(v) for v in args.layers.split(",")]
     rounds = {v: [] for v in values}
     for r in range(args.rounds):
         for v in values:
-            rounds[v].append(round(_step_seconds(v, pairs, batches), 2))
+            rounds[v].append(round(_step_seconds(v, pairs, y), 2))
             print(f"round {r + 1}: freeze_layers={v}: {rounds[v][-1]} s for {STEPS} steps", flush=True)
     median = {v: statistics.median(s) for v, s in rounds.items()}
     figures = {"steps": STEPS, "batch_pairs": BATCH, "threads": 1, "precision": "fp32",

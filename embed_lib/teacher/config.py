@@ -72,7 +72,7 @@ class TeacherConfig:
     freeze_embeddings: bool = False
     #: keep the backbone's whole embedding block (word, position and type embeddings and their norm) and its first
     #: N transformer layers as they are: the backward pass then stops above them. 3 of MiniLM's 6 frozen: a training
-    #: step in fp32 0.70 of its time, but the fast teacher's STS-B test Spearman 0.778 instead of 0.838 (a
+    #: step in fp32 0.66 of its time, but the fast teacher's STS-B test Spearman 0.778 instead of 0.838 (a
     #: bi-encoder's lower layers never attended across two sentences; results/README.md#the-first-run)
     freeze_layers: int = bounded(0, 0, 128)
     #: intermediate stage (embed_lib.teacher.intermediate): "" (none), "others" (every built-in task but the
