@@ -89,3 +89,10 @@ def test_registered_as_cross_encoder_of_the_task(served, tmp_path):
 
     local = resolve_cross_encoder("models:/cross-encoder-stsb@current", uri)
     assert PairCrossEncoder(local).record["teacher_key"] == record["teacher_key"]
+
+
+def test_a_missing_cross_encoder_directory_is_named(tmp_path):
+    with pytest.raises(ValueError, match=f"Could not load cross-encoder '{tmp_path}/gone': no such file or directory"):
+        PairCrossEncoder(tmp_path / "gone")
+    with pytest.raises(ValueError, match="cross_encoder_backend"):
+        PairCrossEncoder(tmp_path / "gone", backend="tensorrt")

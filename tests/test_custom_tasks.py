@@ -159,3 +159,16 @@ def test_a_bad_file_fails_in_one_line_and_writes_nothing(pairs_frame, tmp_path):
     lines = proc.stderr.strip().splitlines()
     assert lines == [f"error: {path}, row 4, column 'score': label 9 lies outside --label-range 0,5."], proc.stderr
     assert not cache.exists() and not (tmp_path / "mlflow.db").exists()
+
+
+def test_pair_file_flags_on_a_built_in_task_are_refused_not_ignored(tmp_path):
+    """`--text-columns a,b` with `--task stsb` used to be dropped without a word: the user scored STS-B's own
+    columns believing they had named others. Now one line names the flags; nothing is written."""
+    out = tmp_path / "baseline.md"
+    proc = _cli("baseline", "--task", "stsb", "--text-columns", "a,b", "--split", "test", "--out", str(out),
+                cwd=tmp_path)
+    assert proc.returncode == 2
+    assert proc.stderr.strip().splitlines() == [
+        "error: --text-columns, --split describe a pair file or hf:<id>, and --task 'stsb' is a built-in task with "
+        "its own columns, labels and splits: drop them, or give the file as --task."], proc.stderr
+    assert not out.exists() and not out.with_suffix(".json").exists()

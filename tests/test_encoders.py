@@ -59,5 +59,10 @@ def test_config_validation():
         EncoderConfig(tau_attn=0.0)
     with pytest.raises(ValueError, match="EncoderConfig.dtype='int8'"):
         EncoderConfig(dtype="int8")
-    with pytest.raises(ValueError, match="Could not load encoder '/no/such/model'"):
+    with pytest.raises(ValueError, match="Could not load encoder '/no/such/model': no such file or directory"):
         FrozenEncoder(EncoderConfig(model="/no/such/model"))
+    with pytest.raises(ValueError, match="Could not load encoder './no/such/model': no such file or directory"):
+        FrozenEncoder(EncoderConfig(model="./no/such/model"))
+    # an id shaped like the Hub's goes to the Hub client (offline in the tests: its own error, same wrapper)
+    with pytest.raises(ValueError, match="Could not load encoder 'no-such-org/no-such-model'"):
+        FrozenEncoder(EncoderConfig(model="no-such-org/no-such-model"))

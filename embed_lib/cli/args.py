@@ -186,14 +186,21 @@ def teacher_summary(record: dict) -> str:
     return "".join(parts) + f"{record['seconds']:.0f}s once per task"
 
 
+#: the pair-file flags' defaults: a built-in task refuses any other value rather than ignore it
+PAIR_FILE_DEFAULTS = {"text_columns": "sentence1,sentence2", "label_column": "label", "label_range": None,
+                      "binary": False, "split_column": "split", "split": None, "task_name": None}
+
+
 def add_custom_data_flags(p: argparse.ArgumentParser) -> None:
     """Flags of a --task that is a file or a Hub dataset (embed_lib.data.custom_tasks)."""
     g = p.add_argument_group("your own pairs (--task FILE.csv|.tsv|.jsonl|.parquet or hf:<id>[:<config>])")
-    g.add_argument("--text-columns", default="sentence1,sentence2", help="the two text columns (default sentence1,sentence2)")
-    g.add_argument("--label-column", default="label", help="the label column (default label)")
+    g.add_argument("--text-columns", default=PAIR_FILE_DEFAULTS["text_columns"],
+                   help="the two text columns (default sentence1,sentence2)")
+    g.add_argument("--label-column", default=PAIR_FILE_DEFAULTS["label_column"],
+                   help="the label column (default label)")
     g.add_argument("--label-range", default=None, metavar="LO,HI", help="graded labels and their scale, e.g. 0,5")
     g.add_argument("--binary", action="store_true", help="0/1 labels (detected when every label is 0 or 1)")
-    g.add_argument("--split-column", default="split",
+    g.add_argument("--split-column", default=PAIR_FILE_DEFAULTS["split_column"],
                    help="column naming each row's split (train / validation / test; default split); without it a "
                         "seeded 70/15/15 split is made")
     g.add_argument("--split", default=None, choices=SPLITS,
@@ -205,7 +212,13 @@ def add_custom_data_flags(p: argparse.ArgumentParser) -> None:
 def resolve_task(args: argparse.Namespace, value: str) -> str:
     """A built-in task name stays as it is; a file or hf:<id> is validated and registered as a custom task,
     whose name is returned. Raises ValueError / FileNotFoundError naming the file, row, column and rule."""
-    if value in task_names() or value in CUSTOM:
+    if value in task_names():
+        given = [f"--{k.replace('_', '-')}" for k, v in PAIR_FILE_DEFAULTS.items() if getattr(args, k, v) != v]
+        if given:
+            raise ValueError(f"{', '.join(given)} {'describes' if len(given) == 1 else 'describe'} a pair file or hf:<id>, and --task {value!r} is a built-in "
+                             "task with its own columns, labels and splits: drop them, or give the file as --task.")
+        return value
+    if value in CUSTOM:
         return value
     looks_like_data = value.startswith("hf:") or "/" in value or "." in value
     if not looks_like_data:

@@ -29,7 +29,7 @@ import torch
 from embed_lib.config import EncoderConfig, default_cache_dir, manifest_fields
 from embed_lib.encoding.batching import SLACK, length_batches
 from embed_lib.encoding.onnx_backend import encoder_runner
-from embed_lib.encoding.weights import resolve_model, state_fingerprint
+from embed_lib.encoding.weights import check_local, resolve_model, state_fingerprint
 from embed_lib.progress import Progress
 
 log = logging.getLogger(__name__)
@@ -61,6 +61,7 @@ class FrozenEncoder:
         from sentence_transformers.base.modules import Normalize
 
         self.config = config or EncoderConfig()
+        check_local(self.config.model, "encoder")
         self.model_path = resolve_model(self.config.model)
         self.device = self.config.device or best_device()
         is_local = Path(self.model_path).exists()

