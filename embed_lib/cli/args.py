@@ -215,7 +215,8 @@ def resolve_task(args: argparse.Namespace, value: str) -> str:
     if value in task_names():
         given = [f"--{k.replace('_', '-')}" for k, v in PAIR_FILE_DEFAULTS.items() if getattr(args, k, v) != v]
         if given:
-            raise ValueError(f"{', '.join(given)} {'describes' if len(given) == 1 else 'describe'} a pair file or hf:<id>, and --task {value!r} is a built-in "
+            verb = "describes" if len(given) == 1 else "describe"
+            raise ValueError(f"{', '.join(given)} {verb} a pair file or hf:<id>, and --task {value!r} is a built-in "
                              "task with its own columns, labels and splits: drop them, or give the file as --task.")
         return value
     if value in CUSTOM:
