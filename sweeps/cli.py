@@ -33,7 +33,7 @@ from embed_lib.teacher.workers import cpu_cores
 from embed_lib.tracking.registry import model_name
 from embed_lib.tracking.runs import (check_store_for_cluster, checked_tracking_uri, default_tracking_uri, git_info,
                                      local_store_path, log_task_inputs, set_experiment, ui_link)
-from sweeps.flags import add_sweep_args, parse_grid, transfer_tasks
+from sweeps.flags import add_sweep_args, check_settings, parse_grid, tau_values, transfer_tasks
 from sweeps.mlflow_callback import MLflowTrialCallback, close_orphans
 from sweeps.report import finish_sweep
 from sweeps.trainable import MAX_EPOCHS, METRIC, MODE, make_trainable, precompute
@@ -97,7 +97,7 @@ def _precompute_all(args, cache_dir: Path, limit: int | None, transfer: list[str
     gpu = args.gpus_per_trial > 0 or ray.cluster_resources().get("GPU", 0) >= 1  # encoders and teacher on GPUs
     workers = encode_workers(args.encode_workers, gpu)
     try:
-        for tau in [float(t) for t in args.tau_attn_values.split(",")]:
+        for tau in tau_values(args.tau_attn_values):
             studies[tau], record = precompute(args.task, encoder_config(args, tau_attn=tau), teacher,
                                               args.data_dir, str(cache_dir), limit, workers,
                                               transfer=transfer, progress=teacher_progress(args.task),
@@ -246,6 +246,7 @@ def sweep_main(doc: str, script: str, space_fn, space_keys: list[str], fixed: di
     args = parser.parse_args()
     try:  # a bad pair file, store or cache: one line naming it and the fix; nothing started
         args.task = resolve_task(args, args.task)
+        check_settings(args, fixed)
         _tracking_uri(args)
         writable_dir(Path(args.cache_dir).absolute() if args.cache_dir else default_cache_dir(),
                      "--cache-dir / $EMBED_CACHE_DIR")

@@ -1,12 +1,13 @@
 """The sweep's command-line flags (shared by both entry scripts) and the parsing of their values."""
 from __future__ import annotations
 
+import itertools
 import json
 from pathlib import Path
 from typing import Any
 
 from embed_lib.cli.args import (add_custom_data_flags, add_data_flags, add_encoder_flags, add_mlflow_flags,
-                                add_teacher_flags)
+                                add_teacher_flags, encoder_config, float_above, int_at_least, teacher_config)
 from embed_lib.config import AdapterConfig
 from embed_lib.data.tasks import task_names
 from embed_lib.pipeline.prepare import default_transfer
@@ -24,7 +25,16 @@ def _scalar(text: str) -> Any:
 
 def parse_grid(items: list[str], file: str | None) -> dict[str, list[Any]]:
     """`key=v1,v2` items and/or a JSON file {key: [values]} -> {key: values} (values parsed as JSON)."""
-    grid: dict[str, list[Any]] = json.loads(Path(file).read_text()) if file else {}
+    grid: dict[str, list[Any]] = {}
+    if file:
+        try:
+            grid = json.loads(Path(file).read_text())
+        except OSError as exc:
+            raise ValueError(f"--grid-file {file}: {exc.strerror or exc}.") from None
+        except ValueError as exc:
+            raise ValueError(f"--grid-file {file}: not JSON ({exc}); expected {{key: [values]}}.") from None
+        if not isinstance(grid, dict) or not all(isinstance(v, list) and v for v in grid.values()):
+            raise ValueError(f"--grid-file {file}: expected a JSON object {{key: [values]}}, each list non-empty.")
     for item in items:
         if "=" not in item:
             raise ValueError(f"--grid {item!r}: expected key=v1,v2,...")
@@ -52,21 +62,23 @@ def add_sweep_args(p, *, default_samples: int) -> None:
                         "with the sweep's train split) every trial is scored on; qqp's duplicates are also a "
                         "retrieval check (the frozen top 20 per query re-ranked, nDCG@10); 'others' = every other "
                         "task (default), 'none' = no checks")
-    p.add_argument("--transfer-tolerance", type=float, default=0.001,
+    p.add_argument("--transfer-tolerance", type=float_above(0, inclusive=True), default=0.001,
                    help="the winner's delta on every transfer check (Spearman; nDCG@10 for retrieval) must be "
                         ">= -tolerance on every seed (default 0.001)")
     p.add_argument("--search", choices=["optuna", "grid"], default="optuna")
     p.add_argument("--grid", action="append", default=[], metavar="KEY=V1,V2",
                    help="grid values (with --search grid); repeatable")
     p.add_argument("--grid-file", default=None, help="JSON {key: [values]} for --search grid")
-    p.add_argument("--num-samples", type=int, default=default_samples, help="Optuna configurations")
+    p.add_argument("--num-samples", type=int_at_least(1), default=default_samples, help="Optuna configurations")
     p.add_argument("--no-start-points", action="store_true",
                    help="let Optuna start from random proposals instead of the entry script's START_POINTS")
-    p.add_argument("--seeds", type=int, default=5, help="seeds per configuration (default 5)")
+    p.add_argument("--seeds", type=int_at_least(1), default=5, help="seeds per configuration (default 5)")
     p.add_argument("--seed", type=int, default=0, help="Optuna sampler seed")
-    p.add_argument("--max-concurrent", type=int, default=2, help="trials at once (default 2)")
-    p.add_argument("--cpus-per-trial", type=float, default=1.0)
-    p.add_argument("--gpus-per-trial", type=float, default=0.0, help="fractional GPUs per trial on GPU clusters")
+    p.add_argument("--max-concurrent", type=int_at_least(1), default=2, help="trials at once (default 2)")
+    p.add_argument("--cpus-per-trial", type=float_above(0), default=1.0, help="CPUs per trial (fractions allowed; "
+                                                                               "default 1.0)")
+    p.add_argument("--gpus-per-trial", type=float_above(0, inclusive=True), default=0.0,
+                   help="fractional GPUs per trial on GPU clusters")
     p.add_argument("--address", default=None, help="Ray address (default: $RAY_ADDRESS or a local Ray); for the "
                    "cluster of cluster/local.sh, eval \"$(cluster/local.sh env)\" in this shell first")
     add_mlflow_flags(p, "sweep-<task>", optional=False)
@@ -75,11 +87,11 @@ def add_sweep_args(p, *, default_samples: int) -> None:
     p.add_argument("--name", default=None, help="sweep name (default <script>-<task>); --resume continues it")
     p.add_argument("--resume", action="store_true", help="continue an interrupted sweep of the same --name")
     add_data_flags(p)
-    p.add_argument("--encode-workers", type=int, default=0,
+    p.add_argument("--encode-workers", type=int_at_least(0), default=0,
                    help="Ray actors that encode sentences before the trials, one CPU (GPU clusters: one GPU) each; "
                         "0 (default): one per CPU (GPU) of the cluster, at most 4")
-    p.add_argument("--epochs", type=int, default=None, help="fix the epochs instead of searching them")
-    p.add_argument("--limit", type=int, default=None,
+    p.add_argument("--epochs", type=int_at_least(1), default=None, help="fix the epochs instead of searching them")
+    p.add_argument("--limit", type=int_at_least(1), default=None,
                    help="first N pairs of every split; the winner registers as pair-residual-<task>-limited, never "
                         "touching the aliases of pair-residual-<task>")
     p.add_argument("--smoke-test", action="store_true",
@@ -98,3 +110,37 @@ def transfer_tasks(value: str, task: str) -> list[str]:
     if unknown:
         raise ValueError(f"--transfer: unknown task(s) {unknown}. Valid: {task_names()}, 'others' or 'none'.")
     return [t for t in names if t != task]
+
+
+def tau_values(text: str) -> list[float]:
+    """--tau-attn-values '1.0,0.5' -> [1.0, 0.5]."""
+    try:
+        return [float(t) for t in text.split(",")]
+    except ValueError:
+        raise ValueError(f"--tau-attn-values {text!r}: expected numbers separated by commas, e.g. 1.0,0.5.") from None
+
+
+def check_settings(args, fixed: dict[str, Any]) -> None:
+    """Every config the flags make, built once before Ray, MLflow or the cache start: a bad value fails here in one
+    line (ValueError) rather than after minutes of encoding and teacher training, or inside every trial."""
+    teacher_config(args)
+    transfer_tasks(args.transfer, args.task)
+    for tau in tau_values(args.tau_attn_values):
+        encoder_config(args, tau_attn=tau)
+    fixed = {**fixed, "task": args.task, "n_seeds": args.seeds,
+             **({"epochs": args.epochs} if args.epochs is not None else {})}
+    if args.search != "grid":
+        AdapterConfig.from_dict(fixed)
+        return
+    grid = parse_grid(args.grid, args.grid_file)
+    if not grid:
+        raise ValueError("--search grid needs values: give --grid KEY=V1,V2 (repeatable) or --grid-file.")
+    if clash := sorted(set(grid) & set(fixed)):  # fixed values win in a trial: the grid would vary nothing
+        held = ", ".join(f"{k}={fixed[k]!r}" for k in clash)
+        raise ValueError(f"--grid varies {clash}, which this sweep holds fixed ({held}): drop them from the grid "
+                         "(the seeds come from --seeds, the epochs from --epochs).")
+    for combo in itertools.islice(itertools.product(*grid.values()), 100_000):  # the trials the grid makes
+        try:
+            AdapterConfig.from_dict({**dict(zip(grid, combo)), **fixed})
+        except (TypeError, ValueError) as exc:
+            raise ValueError(f"--grid point {dict(zip(grid, combo))}: {exc}") from None

@@ -54,3 +54,21 @@ def test_a_new_store_keeps_every_artifact_beside_it(tmp_path, monkeypatch):
     beside = (tmp_path / "store" / "mlartifacts").as_uri()
     assert all(e.artifact_location.startswith(beside) for e in experiments.values()), experiments
     assert experiments["mine"].tags["mlflow.experimentKind"] == "custom_model_development"
+
+
+def test_counts_out_of_range_are_refused_by_the_parser(capsys, tmp_path):
+    """`--limit -5` used to slice all but the last five pairs of every split, without a word."""
+    import pytest
+
+    for argv, message in [
+        (["diagnostics", "--task", "paws", "--limit", "-5"], "argument --limit: -5 is below 1; give 1 or more"),
+        (["train", "--task", "stsb", "--limit", "0"], "argument --limit: 0 is below 1; give 1 or more"),
+        (["retrieval", "--task", "qqp", "--top-k", "0"], "argument --top-k: 0 is below 1; give 1 or more"),
+        (["diagnostics", "--task", "stsb", "--collapse-tau", "-0.5"],
+         "argument --collapse-tau: -0.5 is out of range; give a number > 0"),
+    ]:
+        with pytest.raises(SystemExit) as exit_:
+            main([*argv, "--tracking-uri", f"sqlite:///{tmp_path / 'mlflow.db'}"] if argv[0] == "train" else argv)
+        assert exit_.value.code == 2
+        assert capsys.readouterr().err.strip().splitlines()[-1].endswith(message)
+    assert not (tmp_path / "mlflow.db").exists()

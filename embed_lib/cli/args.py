@@ -16,6 +16,7 @@ import atexit
 import dataclasses
 import gc
 import inspect
+import math
 import re
 import sys
 
@@ -32,6 +33,35 @@ def skip_exit_collection() -> None:
     moves the objects alive at that moment out of the collector's reach: every exit handler still runs (Ray's
     shutdown, logging's flush), and the interpreter still flushes stdout and stderr."""
     atexit.register(gc.freeze)
+
+
+def int_at_least(lo: int):
+    """An argparse type: an integer >= lo, else the flag's error naming the bound (before anything starts)."""
+    def parse(text: str) -> int:
+        try:
+            value = int(text)
+        except ValueError:
+            raise argparse.ArgumentTypeError(f"{text!r} is not an integer") from None
+        if value < lo:
+            raise argparse.ArgumentTypeError(f"{value} is below {lo}; give {lo} or more")
+        return value
+    parse.__name__ = f"integer >= {lo}"
+    return parse
+
+
+def float_above(lo: float, *, inclusive: bool = False):
+    """An argparse type: a finite number > lo (>= lo with inclusive), else the flag's error naming the bound."""
+    def parse(text: str) -> float:
+        try:
+            value = float(text)
+        except ValueError:
+            raise argparse.ArgumentTypeError(f"{text!r} is not a number") from None
+        if not math.isfinite(value) or value < lo or (value == lo and not inclusive):
+            raise argparse.ArgumentTypeError(f"{value:g} is out of range; give a number {'>=' if inclusive else '>'} "
+                                             f"{lo:g}")
+        return value
+    parse.__name__ = f"number {'>=' if inclusive else '>'} {lo:g}"
+    return parse
 
 
 def add_data_flags(p: argparse.ArgumentParser) -> None:

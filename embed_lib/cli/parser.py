@@ -16,7 +16,7 @@ import sys
 from typing import Sequence
 
 from embed_lib.cli.args import (add_adapter_flags, add_custom_data_flags, add_data_flags, add_encoder_flags,
-                                add_mlflow_flags, add_teacher_flags, resolve_task)
+                                add_mlflow_flags, add_teacher_flags, float_above, int_at_least, resolve_task)
 from embed_lib.cli.commands import cmd_baseline, cmd_diagnostics, cmd_retrieval, cmd_study, cmd_teacher, cmd_train
 from embed_lib.cli.registry import add_registry_parser
 from embed_lib.data.tasks import task_names
@@ -42,7 +42,8 @@ def _add_retrieval(sub) -> None:
     p.add_argument("--train", action="store_true",
                    help="instead of --model-uri, train the adapter given by the adapter flags on the task's train split")
     p.add_argument("--retrieval-split", default="test", help="the split the retrieval set is built from (default test)")
-    p.add_argument("--top-k", type=int, default=100, help="frozen-cosine candidates re-ranked (default 100)")
+    p.add_argument("--top-k", type=int_at_least(1), default=100,
+                   help="frozen-cosine candidates re-ranked (default 100)")
     p.add_argument("--out", default=None, help="results file (default: results/retrieval_<task>.md)")
     p.set_defaults(func=cmd_retrieval)
 
@@ -63,7 +64,7 @@ def build_parser() -> argparse.ArgumentParser:
     add_mlflow_flags(p, "embed_lib-<task>")
     p.add_argument("--transfer", action=argparse.BooleanOptionalAction, default=True,
                    help="score the group on the other tasks' validation pairs (do-no-harm check; default on)")
-    p.add_argument("--limit", type=int, default=None, help="first N pairs of every split (smoke tests)")
+    p.add_argument("--limit", type=int_at_least(1), default=None, help="first N pairs of every split (smoke tests)")
     p.set_defaults(func=cmd_train)
 
     p = sub.add_parser("study", help="every form and control of the reference study -> markdown + JSON")
@@ -77,7 +78,7 @@ def build_parser() -> argparse.ArgumentParser:
                         "(default 0.05,0.1,0.2,0.5,1.0: a gate that learns its target only needs the larger ones)")
     p.add_argument("--transfer", action=argparse.BooleanOptionalAction, default=True,
                    help="score every arm on the other tasks' validation pairs (default on)")
-    p.add_argument("--limit", type=int, default=None, help="first N pairs of every split (smoke tests)")
+    p.add_argument("--limit", type=int_at_least(1), default=None, help="first N pairs of every split (smoke tests)")
     p.add_argument("--out", default=None, help="results file (default: results/study_<task>.md)")
     p.set_defaults(func=cmd_study)
 
@@ -86,9 +87,10 @@ def build_parser() -> argparse.ArgumentParser:
     p = sub.add_parser("diagnostics", help="headroom of each difficulty signal; length collapse")
     _add_common(p)
     add_teacher_flags(p)
-    p.add_argument("--limit", type=int, default=None, help="first N pairs of every split")
-    p.add_argument("--collapse-tau", type=float, default=0.5, help="tau_attn compared with 1.0 (default 0.5)")
-    p.add_argument("--collapse-sample", type=int, default=3000, help="sentences sampled for the collapse table")
+    p.add_argument("--limit", type=int_at_least(1), default=None, help="first N pairs of every split")
+    p.add_argument("--collapse-tau", type=float_above(0), default=0.5, help="tau_attn compared with 1.0 (default 0.5)")
+    p.add_argument("--collapse-sample", type=int_at_least(2), default=3000,
+                   help="sentences sampled for the collapse table")
     p.set_defaults(func=cmd_diagnostics)
 
     p = sub.add_parser("teacher", help="the teacher's quality, and one cross-encoder on all of train for serving and "

@@ -1,0 +1,105 @@
+"""The sweep's flags are checked before anything starts: a bad value is one line naming the flag and its bound,
+with no Ray cluster, MLflow store or cache made (they used to surface after minutes of encoding and teacher
+training, inside every trial, or never: `--limit -5` sliced all but five pairs)."""
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+from sweeps.flags import add_sweep_args, check_settings
+
+ROOT = Path(__file__).resolve().parents[1]
+FIXED = {"loss": "cosent", "batch_size": 128, "control": "none", "hidden": 128, "alpha0": 0.5}
+
+
+def _parse(*argv: str) -> argparse.Namespace:
+    parser = argparse.ArgumentParser(exit_on_error=False)
+    add_sweep_args(parser, default_samples=32)
+    return parser.parse_args(list(argv))
+
+
+@pytest.mark.parametrize("argv, message", [
+    (("--num-samples", "0"), "argument --num-samples: 0 is below 1; give 1 or more"),
+    (("--max-concurrent", "0"), "argument --max-concurrent: 0 is below 1; give 1 or more"),
+    (("--seeds", "-3"), "argument --seeds: -3 is below 1; give 1 or more"),
+    (("--limit", "-5"), "argument --limit: -5 is below 1; give 1 or more"),
+    (("--epochs", "0"), "argument --epochs: 0 is below 1; give 1 or more"),
+    (("--encode-workers", "-2"), "argument --encode-workers: -2 is below 0; give 0 or more"),
+    (("--cpus-per-trial", "0"), "argument --cpus-per-trial: 0 is out of range; give a number > 0"),
+    (("--cpus-per-trial", "inf"), "argument --cpus-per-trial: inf is out of range; give a number > 0"),
+    (("--gpus-per-trial", "-0.5"), "argument --gpus-per-trial: -0.5 is out of range; give a number >= 0"),
+    (("--transfer-tolerance", "-1"), "argument --transfer-tolerance: -1 is out of range; give a number >= 0"),
+    (("--num-samples", "many"), "argument --num-samples: 'many' is not an integer"),
+])
+def test_a_flag_out_of_its_range_is_refused_by_the_parser(argv, message):
+    with pytest.raises(argparse.ArgumentError) as err:
+        _parse(*argv)
+    assert str(err.value) == message
+
+
+def test_the_edges_of_each_range_are_accepted():
+    args = _parse("--num-samples", "1", "--max-concurrent", "1", "--seeds", "1", "--limit", "1", "--epochs", "1",
+                  "--encode-workers", "0", "--cpus-per-trial", "0.25", "--gpus-per-trial", "0",
+                  "--transfer-tolerance", "0")
+    assert (args.num_samples, args.seeds, args.limit, args.encode_workers) == (1, 1, 1, 0)
+    assert (args.cpus_per_trial, args.gpus_per_trial, args.transfer_tolerance) == (0.25, 0.0, 0.0)
+    check_settings(args, FIXED)  # the defaults and the edges make valid configs
+
+
+@pytest.mark.parametrize("argv, message", [
+    (("--seeds", "500"), r"AdapterConfig.n_seeds=500; allowed 1..100"),
+    (("--epochs", "5000"), r"AdapterConfig.epochs=5000; allowed 1..1000"),
+    (("--teacher-folds", "1"), r"TeacherConfig.folds=1; allowed 2..20"),
+    (("--teacher-preset", "nope"), r"--teacher-preset 'nope': unknown preset 'nope'"),
+    (("--transfer", "bogus"), r"--transfer: unknown task\(s\) \['bogus'\]"),
+    (("--tau-attn-values", "1,x"), r"--tau-attn-values '1,x': expected numbers separated by commas"),
+    (("--tau-attn-values", "0"), r"EncoderConfig.tau_attn=0.0 is out of range"),
+    (("--search", "grid"), r"--search grid needs values: give --grid KEY=V1,V2"),
+    (("--search", "grid", "--grid", "tau=0.1,-1"), r"--grid point \{'tau': -1\}: AdapterConfig.tau=-1 is out of range"),
+    (("--search", "grid", "--grid", "adapter=pair_gated", "--grid", "target=ce_margin,bogus"),
+     r"--grid point \{'adapter': 'pair_gated', 'target': 'bogus'\}: Unknown difficulty target 'bogus'"),
+    (("--search", "grid", "--grid", "gamma=0.1", "--grid", "control=shuffled"),
+     r"--grid varies \['control'\], which this sweep holds fixed \(control='none'\): drop them from the grid"),
+    (("--search", "grid", "--grid", "epochs=4,8", "--epochs", "6"), r"--grid varies \['epochs'\]"),
+])
+def test_every_config_the_flags_make_is_built_before_anything_starts(argv, message):
+    args = _parse("--task", "stsb", *argv)
+    with pytest.raises(ValueError, match=message):
+        check_settings(args, FIXED)
+
+
+def test_a_grid_file_is_read_and_checked(tmp_path):
+    good, bad, broken = tmp_path / "good.json", tmp_path / "bad.json", tmp_path / "broken.json"
+    good.write_text(json.dumps({"gamma": [0.1, 0.2], "tau": [0.5]}))
+    bad.write_text(json.dumps({"gamma": []}))
+    broken.write_text("gamma: [0.1]")
+    check_settings(_parse("--search", "grid", "--grid-file", str(good)), FIXED)
+    with pytest.raises(ValueError, match=r"each list non-empty"):
+        check_settings(_parse("--search", "grid", "--grid-file", str(bad)), FIXED)
+    with pytest.raises(ValueError, match=r"not JSON .* expected \{key: \[values\]\}"):
+        check_settings(_parse("--search", "grid", "--grid-file", str(broken)), FIXED)
+    with pytest.raises(ValueError, match=rf"--grid-file {tmp_path}/none.json: No such file or directory"):
+        check_settings(_parse("--search", "grid", "--grid-file", str(tmp_path / "none.json")), FIXED)
+
+
+def test_the_entry_script_stops_in_one_line_and_makes_nothing(tmp_path):
+    """Through the entry script a user runs: exit 2, one line, no MLflow store, no cache, no Ray session."""
+    env = {**os.environ, "HF_HUB_OFFLINE": "1", "RAY_TMPDIR": str(tmp_path / "ray"),
+           "EMBED_CACHE_DIR": str(tmp_path / "cache")}
+    store = tmp_path / "mlflow.db"
+    for argv, line in [
+        (["--seeds", "500"], "error: AdapterConfig.n_seeds=500; allowed 1..100."),
+        (["--limit", "-5"], "argument --limit: -5 is below 1; give 1 or more"),
+    ]:
+        proc = subprocess.run([sys.executable, str(ROOT / "sweeps" / "pair_residual.py"), "--task", "stsb",
+                               "--tracking-uri", f"sqlite:///{store}", *argv], capture_output=True, text=True,
+                              env=env, cwd=tmp_path, timeout=300)
+        assert proc.returncode == 2, proc.stderr
+        assert proc.stderr.strip().splitlines()[-1].endswith(line), proc.stderr
+    assert not store.exists() and not (tmp_path / "cache").exists() and not (tmp_path / "ray").exists()
