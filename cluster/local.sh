@@ -5,7 +5,7 @@
 #
 #   cluster/local.sh start | stop | status | submit -- python sweeps/pair_residual.py --task stsb
 #   cluster/local.sh start --nodes 3 [--gpus-per-worker 1]   # head + 2 worker nodes sharing no disk (cluster/nodes.py)
-#   cluster/local.sh start --nodes 1 --autoscale             # head only; Ray's autoscaler adds worker nodes on demand
+#   cluster/local.sh start --autoscale                       # head only (= --nodes 1 --autoscale); Ray's autoscaler adds worker nodes on demand
 #   cluster/local.sh serve [serving/config.yaml]   # serve deploy on this cluster, wait until RUNNING
 #   eval "$(cluster/local.sh env)"                 # this shell's Ray clients (a driver run by hand) reach it
 #
@@ -99,10 +99,18 @@ case "${1:-}" in
   start)
     if [[ "${2:-}" == "--nodes" ]]; then
       # several nodes: cluster/nodes.py (network namespaces, worker nodes as another user, the MLflow server)
-      nodes="${3:?--nodes N}"; shift 3
+      nodes="${3:-}"
+      [[ "$nodes" =~ ^[0-9]+$ ]] && (( nodes >= 1 )) || {
+        echo "--nodes '${nodes}': give the number of nodes, head included (2 or more; 1 with --autoscale)" >&2; exit 2; }
+      shift 3
       (( nodes > 1 )) || [[ " $* " == *" --autoscale"* ]] || { echo "--nodes $nodes: a one-node cluster is plain 'start'" >&2; exit 2; }
       exec python3 "$ROOT/cluster/nodes.py" start --workers $((nodes - 1)) "$@"
     fi
+    # the autoscaler without --nodes: a head alone, worker nodes added on demand (start --nodes 1 --autoscale)
+    if [[ "${2:-}" == "--autoscale" ]]; then shift 1; exec python3 "$ROOT/cluster/nodes.py" start --workers 0 "$@"; fi
+    # one node takes no options: refuse one rather than start a cluster that ignores it
+    [[ -z "${2:-}" ]] || { echo "start: unknown option '$2'; one node is plain 'start', several 'start --nodes N" \
+                                "[--autoscale] [--gpus-per-worker G]' (cluster/nodes.py start --help)" >&2; exit 2; }
     if running; then echo "local Ray already running (pgid $(cat "$PIDFILE")), dashboard http://127.0.0.1:$DASH"; exit 0; fi
     mkdir -p "$STATE/tmp"
     ensure_token

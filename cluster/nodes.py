@@ -232,13 +232,28 @@ def cmd_env(args) -> None:
         print(f"export {k}={v}")
 
 
+def _at_least(lo: float, kind=float, *, inclusive: bool = True):
+    """An argparse type: a `kind` number >= lo (> lo when not inclusive), else the flag's error naming the bound."""
+    def parse(text: str):
+        try:
+            value = kind(text)
+        except ValueError:
+            raise argparse.ArgumentTypeError(f"{text!r} is not {'an integer' if kind is int else 'a number'}") from None
+        if not value == value or value < lo or (value == lo and not inclusive) or value == float("inf"):
+            bound = f"{'>=' if inclusive else '>'} {lo:g}"
+            raise argparse.ArgumentTypeError(f"{text} is out of range; give a number {bound}")
+        return value
+    return parse
+
+
 def main() -> None:
     p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     sub = p.add_subparsers(dest="cmd", required=True)
     s = sub.add_parser("start")
-    s.add_argument("--workers", type=int, default=2)
-    s.add_argument("--cpus-per-worker", type=float, default=1)
-    s.add_argument("--gpus-per-worker", type=float, default=0, help="logical GPUs (no CUDA: the work runs on CPU)")
+    s.add_argument("--workers", type=_at_least(0, int), default=2)
+    s.add_argument("--cpus-per-worker", type=_at_least(0, inclusive=False), default=1)
+    s.add_argument("--gpus-per-worker", type=_at_least(0), default=0,
+                   help="logical GPUs (no CUDA: the work runs on CPU)")
     s.add_argument("--autoscale", nargs="?", const=str(ROOT / "cluster" / "autoscale.yaml"), default=None,
                    metavar="YAML",
                    help="Ray's autoscaler adds and removes worker nodes (default cluster/autoscale.yaml)")
@@ -250,8 +265,8 @@ def main() -> None:
     k = sub.add_parser("kill-node")
     k.add_argument("name")
     a = sub.add_parser("add-worker")
-    a.add_argument("--cpus", type=float, default=1)
-    a.add_argument("--gpus", type=float, default=0)
+    a.add_argument("--cpus", type=_at_least(0, inclusive=False), default=1)
+    a.add_argument("--gpus", type=_at_least(0), default=0)
     a.add_argument("--type", default=None, help="node type (default gpu_worker with GPUs, else cpu_worker)")
     a.add_argument("--node-id", default=None, help="the Ray node id to take (the autoscaler's provider sets it)")
     a.add_argument("--resources", default="{}", help="more custom resources, as JSON")

@@ -99,6 +99,26 @@ def test_local_script_and_runtime_env():
     assert "--dashboard-host=127.0.0.1" in text and "RAY_AUTH_MODE=token" in text
 
 
+def test_a_start_option_the_script_does_not_take_is_refused_before_anything_starts(tmp_path):
+    """`start --bogus` used to start a one-node cluster that ignored it; `--nodes abc` died on 'unbound variable'."""
+    env = {**os.environ, "EMBED_RAY_DIR": str(tmp_path / "ray")}
+    for argv, line in [
+        (["start", "--bogus"], "start: unknown option '--bogus'; one node is plain 'start', several 'start --nodes N"),
+        (["start", "--nodes", "abc"], "--nodes 'abc': give the number of nodes, head included (2 or more"),
+        (["start", "--nodes"], "--nodes '': give the number of nodes"),
+        (["start", "--nodes", "0"], "--nodes '0': give the number of nodes"),
+        (["start", "--nodes", "1"], "--nodes 1: a one-node cluster is plain 'start'"),
+        (["start", "--nodes", "3", "--workers-per-node", "2"], "unrecognized arguments: --workers-per-node 2"),
+        (["start", "--nodes", "3", "--cpus-per-worker", "0"],
+         "argument --cpus-per-worker: 0 is out of range; give a number > 0"),
+    ]:
+        proc = subprocess.run(["bash", str(CLUSTER / "local.sh"), *argv], env=env, capture_output=True, text=True,
+                              timeout=60)
+        assert proc.returncode == 2, (argv, proc.stdout, proc.stderr)
+        assert line in proc.stderr.strip().splitlines()[-1], (argv, proc.stderr)
+    assert not (tmp_path / "ray").exists()  # no state dir: nothing was started
+
+
 def _container_env(manifest: dict) -> list[dict[str, str]]:
     """{name: value} of each container's env in a RayCluster / RayService manifest."""
     spec = manifest["spec"].get("rayClusterConfig", manifest["spec"])
