@@ -3,7 +3,7 @@ from __future__ import annotations
 
 from typing import Any, Literal
 
-from pydantic import BaseModel, ConfigDict, Field, ValidationError
+from pydantic import BaseModel, ConfigDict, Field, ValidationError, model_validator
 
 
 class Replicas(BaseModel):
@@ -20,6 +20,12 @@ class Replicas(BaseModel):
                                      "(Serve's default); shorter gives idle nodes back to the autoscaler sooner")
     upscale_delay_s: float = Field(30.0, ge=0, description="seconds of high load before Serve adds a replica "
                                    "(Serve's default)")
+
+    @model_validator(mode="after")
+    def _min_within_max(self) -> "Replicas":
+        if self.min > self.max:
+            raise ValueError(f"min={self.min} is above max={self.max}; give min <= max")
+        return self
 
 
 class AppArgs(BaseModel):

@@ -440,7 +440,7 @@ def test_a_model_load_is_not_counted_as_load_by_the_autoscaler(monkeypatch):
 @pytest.mark.parametrize("bad", [{"projection_cache_size": -1}, {"cache_size": "many"},
                                  {"cross_encoder_placement": "gpu"}, {"cross_encoder_placment": "ingress"},
                                  {"ingress": {"max": 2, "num_cpu": 1}}, {"ingress_target_cpu": 0},
-                                 {"ingress_target_cpu": "half"}])
+                                 {"ingress_target_cpu": "half"}, {"encoder": {"min": 3, "max": 2}}])
 def test_app_args_reject_bad_cache_sizes(bad):
     from pydantic import ValidationError
 
