@@ -43,6 +43,13 @@ def test_teacher_preset_flags_name_the_preset_and_the_fix():
     assert (cfg.folds, cfg.epochs, cfg.early_stopping_fraction) == (4, 1, 0.0)  # preset, then the override
     with pytest.raises(ValueError, match=r"unknown preset 'huge'. Valid presets: \['fast', 'light', 'strong'\]"):
         preset_for("stsb=huge", "stsb")
+    with pytest.raises(ValueError, match=r"unknown preset 'huge'"):  # another task's preset is checked too
+        preset_for("stsb=strong,qqp=huge", "stsb")
+    with pytest.raises(ValueError, match=r"'qqp' is not TASK=PRESET; give one preset, or TASK=PRESET pairs"):
+        preset_for("stsb=strong,qqp", "stsb")
+    with pytest.raises(ValueError, match=r"unknown task\(s\) \['stbs'\]"):  # a misspelt task no longer falls back
+        preset_for("stbs=light", "stsb")
+    assert preset_for(" stsb=light , qqp=strong ", "stsb") == "light"
     args = build_parser().parse_args(["train", "--task", "stsb", "--teacher-intermediate", "others"])
     assert teacher_config(args).intermediate == "others"
     args = build_parser().parse_args(["train", "--task", "stsb", "--teacher-preset", "strong",

@@ -152,7 +152,19 @@ def preset_for(value: str, task: str, default: str = "strong") -> str:
     if "=" not in value:
         name = value
     else:
-        pairs = dict(item.split("=", 1) for item in value.split(",") if item.strip())
+        items = [item.strip() for item in value.split(",") if item.strip()]
+        pairs = dict(item.split("=", 1) for item in items if "=" in item)
+        bad = [item for item in items if "=" not in item or not item.split("=", 1)[0]]
+        if bad:
+            raise ValueError(f"--teacher-preset {value!r}: {bad[0]!r} is not TASK=PRESET; give one preset, or "
+                             "TASK=PRESET pairs separated by commas, e.g. 'stsb=strong,qqp=light'.")
+        unknown = sorted(t for t in pairs if t not in task_names() and t not in CUSTOM)
+        if unknown:
+            raise ValueError(f"--teacher-preset {value!r}: unknown task(s) {unknown}. Valid tasks: {task_names()}.")
+        for name in pairs.values():  # every listed preset, not only this task's
+            if name not in PRESETS:
+                raise ValueError(f"--teacher-preset {value!r}: unknown preset {name!r}. Valid presets: "
+                                 f"{sorted(PRESETS)}.")
         name = pairs.get(task, default)
     if name not in PRESETS:
         raise ValueError(f"--teacher-preset {value!r}: unknown preset {name!r}. Valid presets: {sorted(PRESETS)}.")
