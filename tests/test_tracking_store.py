@@ -270,3 +270,30 @@ def test_an_experiment_tag_written_by_a_concurrent_sweep_is_kept_not_an_error(tm
         mlflow.exceptions.MlflowException("RESOURCE_DOES_NOT_EXIST")))
     with pytest.raises(mlflow.exceptions.MlflowException, match="RESOURCE_DOES_NOT_EXIST"):
         set_experiment("another", uri)
+
+
+def test_a_store_mlflow_cannot_use_is_named_with_the_fix(tmp_path, monkeypatch):
+    """An unknown scheme and a file store (which MLflow 3 refuses) used to end in MLflow's traceback, after the
+    command had started; now one line names the store and what to give instead."""
+    monkeypatch.delenv("MLFLOW_ALLOW_FILE_STORE", raising=False)
+    with pytest.raises(ValueError, match=r"MLflow tracking URI 'foo://x': MLflow has no store for the scheme 'foo'"):
+        checked_tracking_uri("foo://x")
+    for uri in (str(tmp_path / "mlruns"), f"file://{tmp_path}/mlruns"):
+        with pytest.raises(ValueError, match=rf"is a file store, which MLflow 3 refuses .*give "
+                                             rf"sqlite:///{tmp_path}/mlruns.db instead"):
+            checked_tracking_uri(uri)
+    with pytest.raises(ValueError, match=r"MLflow tracking URI '' is empty"):
+        checked_tracking_uri("")
+    for uri in ("postgresql+psycopg2://u@db/mlflow", "HTTPS://mlflow.example", "databricks-uc", "databricks://p"):
+        assert checked_tracking_uri(uri) == uri  # schemes MLflow serves pass as they are
+    monkeypatch.setenv("MLFLOW_ALLOW_FILE_STORE", "true")  # MLflow's own opt-out is honoured
+    assert checked_tracking_uri(str(tmp_path / "mlruns")) == str(tmp_path / "mlruns")
+
+
+def test_the_cli_stops_at_a_store_mlflow_cannot_use(tmp_path, capsys, monkeypatch):
+    from embed_lib.cli.parser import main
+
+    monkeypatch.delenv("MLFLOW_ALLOW_FILE_STORE", raising=False)
+    assert main(["registry", "--task", "stsb", "--tracking-uri", str(tmp_path / "mlruns")]) == 2
+    assert capsys.readouterr().err.startswith(f"error: MLflow tracking URI '{tmp_path}/mlruns' is a file store")
+    assert not (tmp_path / "mlruns").exists()

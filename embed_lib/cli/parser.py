@@ -20,6 +20,7 @@ from embed_lib.cli.args import (add_adapter_flags, add_custom_data_flags, add_da
 from embed_lib.cli.commands import cmd_baseline, cmd_diagnostics, cmd_retrieval, cmd_study, cmd_teacher, cmd_train
 from embed_lib.cli.registry import add_registry_parser
 from embed_lib.data.tasks import task_names
+from embed_lib.tracking.runs import checked_tracking_uri
 
 
 def _add_common(p: argparse.ArgumentParser) -> None:
@@ -114,6 +115,12 @@ def main(argv: Sequence[str] | None = None) -> int:
         try:  # a file or hf:<id> is validated here, before anything is encoded, cached or logged
             args.task = ",".join(resolve_task(args, t) for t in listed)
         except (ValueError, FileNotFoundError, RuntimeError) as exc:
+            print(f"error: {exc}", file=sys.stderr)
+            return 2
+    if getattr(args, "tracking_uri", None) is not None:
+        try:  # a store MLflow cannot use: one line before anything is encoded or trained
+            args.tracking_uri = checked_tracking_uri(args.tracking_uri)
+        except ValueError as exc:
             print(f"error: {exc}", file=sys.stderr)
             return 2
     if hasattr(args, "out") and args.out is None:

@@ -47,9 +47,27 @@ def check_store_for_cluster(uri: str, nodes: int) -> None:
                          "start does) and set MLFLOW_TRACKING_URI (or --tracking-uri) to its http:// URL.")
 
 
+#: the tracking-store schemes MLflow takes (a database URL may name its driver: postgresql+psycopg2://...)
+STORE_SCHEMES = ("sqlite", "http", "https", "postgresql", "mysql", "mssql", "file", "databricks", "databricks-uc", "uc")
+
+
 def checked_tracking_uri(uri: str) -> str:
-    """`uri`, unless it is a local store inside a Ray job's temporary working dir (runs and models written there are
-    lost when the job's files go): then a ValueError naming the store and the fix."""
+    """`uri`, unless MLflow cannot use it (a scheme it has no store for; a file store, which MLflow 3 refuses unless
+    MLFLOW_ALLOW_FILE_STORE=true) or it is a local store inside a Ray job's temporary working dir (runs and models
+    written there are lost when the job's files go): then a ValueError naming the store and the fix."""
+    if not isinstance(uri, str) or not uri.strip():
+        raise ValueError(f"MLflow tracking URI {uri!r} is empty; give sqlite:///<path>/mlflow.db or an http(s):// "
+                         "MLflow server (--tracking-uri or $MLFLOW_TRACKING_URI).")
+    scheme = uri.split("://", 1)[0].split("+", 1)[0].lower() if "://" in uri else ""
+    if scheme and scheme not in STORE_SCHEMES:
+        raise ValueError(f"MLflow tracking URI {uri!r}: MLflow has no store for the scheme {scheme!r}. Give "
+                         "sqlite:///<path>/mlflow.db (one node), http(s)://<MLflow server> (several nodes), or a "
+                         "database URL (postgresql://, mysql://, mssql://).")
+    if (scheme in ("", "file") and not uri.startswith("databricks")
+            and os.environ.get("MLFLOW_ALLOW_FILE_STORE", "").lower() not in ("1", "true")):
+        raise ValueError(f"MLflow tracking URI {uri!r} is a file store, which MLflow 3 refuses (maintenance mode): "
+                         f"give sqlite:///{Path(local_store_path(uri) or uri).absolute()}.db instead, or set "
+                         "MLFLOW_ALLOW_FILE_STORE=true to use it anyway.")
     local = local_store_path(uri)
     if local is not None and in_job_working_dir(local):
         raise ValueError(f"MLflow store {uri!r} lies in this Ray job's temporary copy of its working dir: its runs and "
