@@ -352,3 +352,27 @@ def test_the_sweep_ships_the_study_with_its_per_study_caches_so_trials_never_rec
     monkeypatch.setattr(tensors, "retrieval_check", lambda *a: pytest.fail("retrieval check computed again"))
     assert torch.equal(trial_copy.familiarity(), data.familiarity())
     assert set(trial_copy.retrieval_checks()) == {"qqp"}
+
+
+@pytest.mark.parametrize("damage, message", [
+    (lambda d: (d / "weights.safetensors").write_bytes((d / "weights.safetensors").read_bytes()[:40]),
+     r"weights.safetensors cannot be read \(.*\): the file is damaged; export or register the adapter again"),
+    (lambda d: (d / "config.json").write_text('{"adapter": "pair_ga'),
+     r"config.json is not valid JSON \(.*\): the adapter's files are damaged"),
+    (lambda d: (d / "encoder_manifest.json").write_text("[1, 2]"),
+     r"encoder_manifest.json holds list, not a JSON object"),
+    (lambda d: (d / "encoder_manifest.json").write_text('{"model": "minilm"}'),
+     r"encoder_manifest.json has no valid 'dim'"),
+])
+def test_a_damaged_saved_adapter_is_named_with_the_fix(tmp_path, damage, message):
+    """A truncated or overwritten file of a saved adapter (a registry artifact, a copied folder): one error naming
+    the file, never safetensors' or json's bare message."""
+    from embed_lib.training.adapters import PairAdapter
+    from embed_lib.training.export import load_adapter, save_adapter
+
+    cfg = _cfg(n_seeds=2)
+    save_adapter(tmp_path, cfg, PairAdapter.from_config(cfg, 8).state_dict(), {"dim": 8, "model": "minilm"}, dim=8)
+    load_adapter(tmp_path)  # intact: loads
+    damage(tmp_path)
+    with pytest.raises(ValueError, match=message):
+        load_adapter(tmp_path)

@@ -42,10 +42,18 @@ def load_adapter(directory: str | Path) -> tuple[PairAdapter, AdapterConfig, dic
     missing = [f for f in FILES if not (d / f).is_file()]
     if missing:
         raise FileNotFoundError(f"{d} is not a saved adapter: missing {missing} (expected {list(FILES)}).")
-    config = AdapterConfig.from_dict(json.loads((d / "config.json").read_text()))
-    manifest = json.loads((d / "encoder_manifest.json").read_text())
-    weights = load_file(str(d / "weights.safetensors"))
-    dim = int(manifest["dim"])
+    try:
+        config = AdapterConfig.from_dict(_read_json(d / "config.json"))
+        manifest = _read_json(d / "encoder_manifest.json")
+        dim = int(manifest["dim"])
+    except (KeyError, TypeError) as exc:
+        raise ValueError(f"{d / 'encoder_manifest.json'} has no valid 'dim' ({exc!r}): the adapter's files are "
+                         "damaged; export or register the adapter again.") from exc
+    try:
+        weights = load_file(str(d / "weights.safetensors"))
+    except Exception as exc:  # safetensors' own error type: a truncated or overwritten file
+        raise ValueError(f"{d / 'weights.safetensors'} cannot be read ({exc}): the file is damaged; export or register "
+                         "the adapter again.") from exc
     try:
         novelty = None
         if "novelty.ref" in weights:  # the reference sentences travel with the weights (buffers)
@@ -57,6 +65,19 @@ def load_adapter(directory: str | Path) -> tuple[PairAdapter, AdapterConfig, dic
                          f"width {config.width}, {config.n_seeds} seeds, dim {dim}): {exc}") from exc
     model.eval()
     return model, config, manifest
+
+
+def _read_json(path: Path) -> dict[str, Any]:
+    """A JSON object from `path`; ValueError naming the file when it is not one (a truncated or overwritten file)."""
+    try:
+        value = json.loads(path.read_text())
+    except (ValueError, UnicodeDecodeError) as exc:
+        raise ValueError(f"{path} is not valid JSON ({exc}): the adapter's files are damaged; export or register the "
+                         "adapter again.") from None
+    if not isinstance(value, dict):
+        raise ValueError(f"{path} holds {type(value).__name__}, not a JSON object: the adapter's files are damaged; "
+                         "export or register the adapter again.")
+    return value
 
 
 def _tensor(x: np.ndarray | torch.Tensor) -> torch.Tensor:
