@@ -50,7 +50,7 @@ async def docs() -> HTMLResponse:
                                swagger_favicon_url="/docs-assets/favicon-32x32.png")
 
 
-ERRORS = error_responses(400, 404, 422, 500, 503, 504)
+ERRORS = error_responses(400, 404, 413, 422, 500, 503, 504)
 
 
 def found_job(job: dict[str, Any] | None, job_id: str) -> dict[str, Any]:

@@ -63,7 +63,8 @@ class Ingress:
         self.scorer = PairScorer(cache_size=self.args.cache_size, projection_cache_size=self.args.projection_cache_size)
         self._cpu = CpuShare()
         self.hot_routes = hot.HotRouteTable({"/v1/score": self.score, "/v1/rerank": self.rerank,
-                                             "/v2/rerank": self.rerank_v2, "/rerank": self.rerank_tei})
+                                             "/v2/rerank": self.rerank_v2, "/rerank": self.rerank_tei},
+                                            max_body=self.args.body_limit())
 
     def record_autoscaling_stats(self) -> dict[str, float]:
         """Serve reads this every few seconds for the ingress's policy (serving/autoscale.py)."""
@@ -264,12 +265,11 @@ class Ingress:
         caches = self.scorer.stats()
         # true while the warm corpus is still on its way from the encoder into this replica (after a cold start)
         caches["near_cache"]["warming"] = bool(self._pending_warm) or bool(self._warm_task and not self._warm_task.done())
-        limits = ("max_pairs", "max_documents", "max_text_chars", "max_inflight", "max_warm_sync", "max_warm_job")
         # hot_routes: requests each scoring / re-ranking path answered past FastAPI's routing (serving/hot.py)
         return {"data": [{**info, "ingress": ingress(), "hot_routes": self.hot_routes.served,
                           "embedding_cache": await self.encoder.stats.remote(), **caches,
                           "cross_encoder": (await self._cross_encoder_info()) if self.ce_score else None,
-                          "cascade_budget": a.cascade_budget, "limits": {k: getattr(a, k) for k in limits}}]}
+                          "cascade_budget": a.cascade_budget, "limits": a.limits()}]}
 
 
 def build_app(args: dict[str, Any]) -> serve.Application:

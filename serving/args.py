@@ -52,6 +52,9 @@ class AppArgs(BaseModel):
                                     "a text file, one sentence per line")
     warm_corpus_columns: list[str] | None = Field(None, description="the text columns of a table warm_corpus "
                                                   "(default: every column holding only text)")
+    max_body_bytes: int | None = Field(None, ge=1024, description="bytes per /v1/score, /v1/rerank, /v2/rerank and "
+                                       "/rerank request body, 413 past it before the rest is read (default: the "
+                                       "most the limits above allow, every character JSON-escaped: body_limit)")
     max_inflight: int = Field(64, ge=1, description="requests in flight per ingress replica before 503")
     access_log: bool = Field(False, description="per-request access logs in the replicas (each costs CPU on "
                              "every request; errors are logged either way)")
@@ -72,6 +75,20 @@ class AppArgs(BaseModel):
     ingress_target_cpu: float = Field(0.5, gt=0, le=8, description="share of one core an ingress replica uses on "
                                       "average before the autoscaler adds another (serving/autoscale.py); lower "
                                       "scales out sooner, e.g. on a node whose cores other work shares")
+
+    def body_limit(self) -> int:
+        """max_body_bytes, else the largest body the other limits let through: max_pairs pairs (or a query and
+        max_documents documents) of max_text_chars characters each, each character escaped as JSON's longest
+        form (12 bytes: a surrogate pair of \\uXXXX), with 64 KiB for the rest of the body."""
+        if self.max_body_bytes is not None:
+            return self.max_body_bytes
+        return 12 * self.max_text_chars * max(2 * self.max_pairs, self.max_documents + 1) + 64 * 1024
+
+    def limits(self) -> dict[str, int]:
+        """What one request may hold, as /v1/models reports it (max_body_bytes: the limit in force)."""
+        return {**{k: getattr(self, k) for k in ("max_pairs", "max_documents", "max_text_chars", "max_inflight",
+                                                 "max_warm_sync", "max_warm_job")},
+                "max_body_bytes": self.body_limit()}
 
     @classmethod
     def parse(cls, args: dict[str, Any]) -> "AppArgs":

@@ -33,9 +33,19 @@ class HotRouteTable:
     `handlers`: path -> handler, which takes the request model as its `body` argument and returns a Response;
     the model is read from the handler's annotation, as FastAPI reads it."""
 
-    def __init__(self, handlers: dict[str, Handler]) -> None:
+    def __init__(self, handlers: dict[str, Handler], max_body: int | None = None) -> None:
         self.routes = {path: (typing.get_type_hints(h)["body"], h) for path, h in handlers.items()}
         self.served = dict.fromkeys(handlers, 0)
+        #: the most bytes a body of these routes may have (413 past it, before the rest is read); None: no limit
+        self.max_body = max_body
+
+    def too_large(self, size: int, declared: bool) -> ApiError | None:
+        """The 413 of a body of `size` bytes (declared: its Content-Length; else what was read so far), None within
+        the limit."""
+        if self.max_body is None or size <= self.max_body:
+            return None
+        return ApiError(413, f"The request body has {size} bytes{'' if declared else ' or more'}; the limit is "
+                             f"{self.max_body} (max_body_bytes). Send fewer or shorter texts per request.", "body")
 
 
 def replica_table() -> HotRouteTable | None:
@@ -53,6 +63,14 @@ def _is_json(scope: Scope) -> bool:
         if name == b"content-type":
             return value.split(b";", 1)[0].strip().lower() == b"application/json"
     return False
+
+
+def _content_length(scope: Scope) -> int:
+    """The request's declared Content-Length, 0 when it declares none (chunked) or an unreadable one."""
+    for name, value in scope["headers"]:
+        if name == b"content-length":
+            return int(value) if value.isdigit() else 0
+    return 0
 
 
 def _replay(body: bytes, receive: Receive) -> Receive:
@@ -79,14 +97,19 @@ class HotRoutes:
             if self.table is None:
                 self.table = self.find()
             route = self.table.routes.get(path) if self.table else None
+        if route is not None and (error := self.table.too_large(_content_length(scope), declared=True)):
+            return await api_error_response(error)(scope, receive, send)  # declared too large: nothing read
         if route is None or not _is_json(scope):
             return await self.app(scope, receive, send)
-        chunks = []
+        chunks, size = [], 0
         while True:
             message = await receive()
             if message["type"] != "http.request":  # the client left: nobody to answer
                 return
             chunks.append(message.get("body", b""))
+            size += len(chunks[-1])
+            if error := self.table.too_large(size, declared=False):  # undeclared (chunked): stop past the limit
+                return await api_error_response(error)(scope, receive, send)
             if not message.get("more_body"):
                 break
         body = b"".join(chunks)

@@ -17,7 +17,7 @@ from serving.errors import ApiError
 from serving.schemas import ScoreRequest
 
 
-def _client(with_hot: bool):
+def _client(with_hot: bool, max_body: int | None = None):
     """An app with POST /v1/score (ScoreRequest) and, with_hot, the same handler as a hot route. The handler
     records which path called it."""
     taken: list[str] = []
@@ -40,7 +40,7 @@ def _client(with_hot: bool):
 
     route.__annotations__ = fast.__annotations__ = {"body": ScoreRequest}  # real classes (this module's are strings)
     app.post("/v1/score")(route)
-    table = hot.HotRouteTable({"/v1/score": fast})
+    table = hot.HotRouteTable({"/v1/score": fast}, max_body=max_body)
     if with_hot:
         app.add_middleware(hot.HotRoutes, find=lambda: table)
     return TestClient(app, raise_server_exceptions=False), taken, table
@@ -126,3 +126,35 @@ def test_any_body_answers_the_same_through_both_paths(body, ascii):
     hot_client, _, _ = _client(True)
     plain_client, _, _ = _client(False)
     assert _answer(hot_client, raw, JSON) == _answer(plain_client, raw, JSON)
+
+
+def test_a_body_over_the_limit_is_refused_before_it_is_read():
+    """413 with the app's error body: declared too large (Content-Length; any content type), or a chunked body
+    (no Content-Length) once what has arrived passes the limit. Within the limit nothing changes."""
+    client, taken, table = _client(True, max_body=64)
+    small = b'{"pairs": [["a", "b"]]}'
+    assert _answer(client, small, JSON)[0] == 200 and taken == ["hot"]
+    big = json.dumps({"pairs": [["a" * 40, "b" * 40]]}).encode()
+    for headers in (JSON, {"content-type": "text/plain"}):
+        r = client.post("/v1/score", content=big, headers=headers)
+        assert r.status_code == 413, r.text
+        assert r.json()["error"] == {
+            "type": "payload_too_large", "field": "body",
+            "message": f"The request body has {len(big)} bytes; the limit is 64 (max_body_bytes). Send fewer or "
+                       "shorter texts per request."}
+    r = client.post("/v1/score", content=iter([big[:50], big[50:]]), headers=JSON)  # chunked: no Content-Length
+    assert r.status_code == 413 and f"has {len(big)} bytes or more; the limit is 64" in r.json()["error"]["message"]
+    assert taken == ["hot"] and table.served["/v1/score"] == 1  # the refused bodies reached no handler
+    assert _answer(_client(True)[0], big, JSON)[0] == 200  # no limit: as before
+
+
+def test_the_default_body_limit_admits_the_largest_valid_request():
+    """body_limit(): max_pairs pairs of max_text_chars characters that JSON escapes at their longest (astral
+    characters as two \\uXXXX) fit; one pair more does not (the handler's own 422 would name it)."""
+    from serving.args import AppArgs
+
+    args = AppArgs.parse({"max_pairs": 4, "max_text_chars": 50, "max_documents": 3})
+    text = "\U0001F600" * 50
+    widest = json.dumps({"pairs": [[text, text]] * 4}).encode()  # ensure_ascii: 12 bytes per character
+    assert len(widest) <= args.body_limit() < len(widest) + 64 * 1024 + 1
+    assert AppArgs.parse({"max_body_bytes": 2048}).body_limit() == 2048

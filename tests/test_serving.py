@@ -208,10 +208,28 @@ def test_docs_work_offline_and_the_spec_documents_every_error(served):
     assert js.status_code == 200 and len(js.content) > 100_000
     spec = requests.get(served["url"] + "/openapi.json", timeout=30).json()
     score = spec["paths"]["/v1/score"]["post"]["responses"]
-    assert {"200", "400", "422", "500", "503", "504"} <= set(score)
+    assert {"200", "400", "413", "422", "500", "503", "504"} <= set(score)
     assert score["422"]["content"]["application/json"]["schema"]["$ref"].endswith("/ErrorBody")
     assert score["200"]["content"]["application/json"]["schema"]["$ref"].endswith("/ScoreResponse")
     assert "413" in spec["paths"]["/v1/warm"]["post"]["responses"]
+
+
+def test_a_body_over_the_limit_is_refused_and_the_service_answers_on(served):
+    """Through the served ingress: a body past body_limit() (here max_pairs 8, max_text_chars 200: ~2.5 MB) is a 413
+    naming max_body_bytes, from the declared Content-Length; the next request is answered as before."""
+    from serving.args import AppArgs
+
+    limit = AppArgs.parse(served["args"]).body_limit()
+    info = requests.get(served["url"] + "/v1/models", timeout=30).json()["data"][0]
+    assert info["limits"]["max_body_bytes"] == limit
+    body = b'{"pairs": [["' + b"a" * limit + b'", "b"]]}'
+    r = requests.post(served["url"] + "/v1/score", data=body, headers={"content-type": "application/json"},
+                      timeout=60)
+    assert f"has {len(body)} bytes; the limit is {limit} (max_body_bytes)" in _assert_error_shape(r, 413, "body")[
+        "message"]
+    ok = requests.post(served["url"] + "/v1/score", json={"pairs": [["A man plays.", "A man is playing."]]},
+                       timeout=30)
+    assert ok.status_code == 200, ok.text
 
 
 def test_large_warms_are_background_jobs(served):
