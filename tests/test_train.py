@@ -163,6 +163,17 @@ def test_the_mlflow_model_scores_vectors_and_sentences_like_the_library(small, e
     np.testing.assert_allclose(by_vector["score"], expected, atol=1e-6)
     with pytest.raises(ValueError, match="Input needs columns emb_a/emb_b or sentence1/sentence2"):
         model.predict(pd.DataFrame({"x": [1]}))
+    # vectors as numpy's default float64 and as lists of floats (MLflow's schema refused both with Array(float))
+    as_lists = model.predict(pd.DataFrame({"emb_a": [list(map(float, v)) for v in xa],
+                                           "emb_b": [v.astype(np.float64) for v in xb]}))
+    np.testing.assert_allclose(as_lists["score"], expected, atol=1e-6)
+    dim = xa.shape[1]
+    with pytest.raises(ValueError, match=rf"emb_b\[1\] has 5 values; this adapter takes vectors of {dim}"):
+        model.predict(pd.DataFrame({"emb_a": list(xa), "emb_b": [xb[0], np.zeros(5)]}))
+    with pytest.raises(ValueError, match=r"emb_a\[0\] holds NaN or infinity"):
+        model.predict(pd.DataFrame({"emb_a": [np.full(dim, np.nan)], "emb_b": [xb[0]]}))
+    with pytest.raises(ValueError, match=r"sentence2\[1\] is empty or blank"):
+        model.predict(pd.DataFrame({"sentence1": ["a", "b"], "sentence2": ["c", " \t"]}))
 
     # the same model whose manifest names other encoder weights: scoring texts is refused, naming the field
     broken = tmp_path / "broken"

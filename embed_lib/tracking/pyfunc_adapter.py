@@ -2,7 +2,7 @@
 
 MLflow copies this file into the model; at load time it runs it, and `load_context` reads the
 adapter from safetensors + JSON (`embed_lib.training.export`). `predict` takes a DataFrame with either
-`emb_a` / `emb_b` (cached raw vectors, lists of floats) or `sentence1` / `sentence2` (texts; the
+`emb_a` / `emb_b` (cached raw vectors: lists of floats or float32 / float64 arrays, one per row) or `sentence1` / `sentence2` (texts; the
 frozen encoder named in the manifest is loaded once and checked against the manifest's fingerprint),
 and returns `score`, `baseline` and `difficulty` per pair.
 """
@@ -34,13 +34,34 @@ class PairAdapterModel(PythonModel):
             self._encoder = enc
         return self._encoder.encode(texts)
 
+    def _vectors(self, column: pd.Series, name: str) -> np.ndarray:
+        """(n, dim) float32 of a column of vectors; ValueError naming the column and row of a wrong length or a
+        value that is not finite."""
+        dim = int(self.manifest["dim"])
+        rows = [np.asarray(v, dtype=np.float32).reshape(-1) for v in column.tolist()]
+        for i, v in enumerate(rows):
+            if v.shape[0] != dim:
+                raise ValueError(f"{name}[{i}] has {v.shape[0]} values; this adapter takes vectors of {dim} (its "
+                                 f"encoder's, {self.manifest.get('encoder', '?')}).")
+            if not np.isfinite(v).all():
+                raise ValueError(f"{name}[{i}] holds NaN or infinity; give finite raw vectors of the encoder.")
+        return np.stack(rows) if rows else np.zeros((0, dim), np.float32)
+
+    @staticmethod
+    def _texts(column: pd.Series, name: str) -> list[str]:
+        texts = column.tolist()
+        for i, t in enumerate(texts):
+            if isinstance(t, str) and not t.strip():
+                raise ValueError(f"{name}[{i}] is empty or blank; give a text with a visible character.")
+        return texts
+
     def predict(self, context, model_input: pd.DataFrame, params=None) -> pd.DataFrame:
         if {"emb_a", "emb_b"} <= set(model_input.columns):
-            xa = np.stack(model_input["emb_a"].map(np.asarray).tolist()).astype(np.float32)
-            xb = np.stack(model_input["emb_b"].map(np.asarray).tolist()).astype(np.float32)
+            xa = self._vectors(model_input["emb_a"], "emb_a")
+            xb = self._vectors(model_input["emb_b"], "emb_b")
         elif {"sentence1", "sentence2"} <= set(model_input.columns):
-            xa = self._encode(model_input["sentence1"].tolist())
-            xb = self._encode(model_input["sentence2"].tolist())
+            xa = self._encode(self._texts(model_input["sentence1"], "sentence1"))
+            xb = self._encode(self._texts(model_input["sentence2"], "sentence2"))
         else:
             raise ValueError(f"Input needs columns emb_a/emb_b or sentence1/sentence2; got {list(model_input.columns)}.")
         return pd.DataFrame(ensemble_scores(self.model, xa, xb))

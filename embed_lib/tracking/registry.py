@@ -45,8 +45,10 @@ def _signature():
     return ModelSignature(
         inputs=Schema([ColSpec(DataType.string, "sentence1", required=False),
                        ColSpec(DataType.string, "sentence2", required=False),
-                       ColSpec(Array(DataType.float), "emb_a", required=False),
-                       ColSpec(Array(DataType.float), "emb_b", required=False)]),
+                       # double: MLflow's schema enforcement takes float32 and float64 arrays and lists of floats
+                       # for it (float refused every float64 input, plain lists of floats included)
+                       ColSpec(Array(DataType.double), "emb_a", required=False),
+                       ColSpec(Array(DataType.double), "emb_b", required=False)]),
         outputs=Schema([ColSpec(DataType.double, c) for c in ("score", "baseline", "difficulty")]))
 
 
