@@ -42,11 +42,11 @@ def load_adapter(directory: str | Path) -> tuple[PairAdapter, AdapterConfig, dic
     missing = [f for f in FILES if not (d / f).is_file()]
     if missing:
         raise FileNotFoundError(f"{d} is not a saved adapter: missing {missing} (expected {list(FILES)}).")
+    config = AdapterConfig.from_dict(_read_json(d / "config.json"))
+    manifest = _read_json(d / "encoder_manifest.json")
     try:
-        config = AdapterConfig.from_dict(_read_json(d / "config.json"))
-        manifest = _read_json(d / "encoder_manifest.json")
         dim = int(manifest["dim"])
-    except (KeyError, TypeError) as exc:
+    except (KeyError, TypeError, ValueError) as exc:
         raise ValueError(f"{d / 'encoder_manifest.json'} has no valid 'dim' ({exc!r}): the adapter's files are "
                          "damaged; export or register the adapter again.") from exc
     try:
