@@ -10,6 +10,7 @@ from embed_lib.cli.args import (add_custom_data_flags, add_data_flags, add_encod
                                 add_teacher_flags, encoder_config, float_above, int_at_least, teacher_config)
 from embed_lib.config import AdapterConfig
 from embed_lib.data.tasks import task_names
+from embed_lib.encoding.weights import check_local
 from embed_lib.pipeline.prepare import default_transfer
 
 
@@ -123,7 +124,9 @@ def tau_values(text: str) -> list[float]:
 def check_settings(args, fixed: dict[str, Any]) -> None:
     """Every config the flags make, built once before Ray, MLflow or the cache start: a bad value fails here in one
     line (ValueError) rather than after minutes of encoding and teacher training, or inside every trial."""
-    teacher_config(args)
+    check_local(args.encoder, "encoder")
+    if teacher_config(args) is not None:
+        check_local(args.teacher, "cross-encoder")
     transfer_tasks(args.transfer, args.task)
     for tau in tau_values(args.tau_attn_values):
         encoder_config(args, tau_attn=tau)

@@ -61,6 +61,8 @@ def test_the_edges_of_each_range_are_accepted():
     (("--tau-attn-values", "1,x"), r"--tau-attn-values '1,x': expected numbers separated by commas"),
     (("--tau-attn-values", "0"), r"EncoderConfig.tau_attn=0.0 is out of range"),
     (("--search", "grid"), r"--search grid needs values: give --grid KEY=V1,V2"),
+    (("--encoder", "/no/such/encoder"), r"Could not load encoder '/no/such/encoder': no such file or directory"),
+    (("--teacher", "./no/such/ce"), r"Could not load cross-encoder './no/such/ce': no such file or directory"),
     (("--search", "grid", "--grid", "tau=0.1,-1"), r"--grid point \{'tau': -1\}: AdapterConfig.tau=-1 is out of range"),
     (("--search", "grid", "--grid", "adapter=pair_gated", "--grid", "target=ce_margin,bogus"),
      r"--grid point \{'adapter': 'pair_gated', 'target': 'bogus'\}: Unknown difficulty target 'bogus'"),

@@ -2,9 +2,9 @@
 
 MLflow copies this file into the model; at load time it runs it, and `load_context` reads the
 adapter from safetensors + JSON (`embed_lib.training.export`). `predict` takes a DataFrame with either
-`emb_a` / `emb_b` (cached raw vectors: lists of floats or float32 / float64 arrays, one per row) or `sentence1` / `sentence2` (texts; the
-frozen encoder named in the manifest is loaded once and checked against the manifest's fingerprint),
-and returns `score`, `baseline` and `difficulty` per pair.
+`emb_a` / `emb_b` (cached raw vectors: lists of floats or float32 / float64 arrays, one per row) or
+`sentence1` / `sentence2` (texts; the frozen encoder named in the manifest is loaded once and checked
+against the manifest's fingerprint), and returns `score`, `baseline` and `difficulty` per pair.
 """
 from __future__ import annotations
 
