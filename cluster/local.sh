@@ -182,6 +182,8 @@ case "${1:-}" in
     job_env ;;
   submit)
     shift; [[ "${1:-}" == "--" ]] && shift
+    (( $# )) || { echo "submit: no command; e.g. cluster/local.sh submit -- python sweeps/pair_residual.py --task stsb" >&2
+                  exit 2; }
     env_json=$(job_env) || exit 2
     cd "$ROOT"
     id="embed-$(date +%Y%m%d-%H%M%S)-$$"

@@ -111,6 +111,7 @@ def test_a_start_option_the_script_does_not_take_is_refused_before_anything_star
         (["start", "--nodes", "3", "--workers-per-node", "2"], "unrecognized arguments: --workers-per-node 2"),
         (["start", "--nodes", "3", "--cpus-per-worker", "0"],
          "argument --cpus-per-worker: 0 is out of range; give a number > 0"),
+        (["submit", "--"], "submit: no command; e.g. cluster/local.sh submit -- python sweeps/pair_residual.py"),
     ]:
         proc = subprocess.run(["bash", str(CLUSTER / "local.sh"), *argv], env=env, capture_output=True, text=True,
                               timeout=60)
