@@ -8,6 +8,7 @@ from __future__ import annotations
 import dataclasses
 import numbers
 import os
+import re
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -19,6 +20,8 @@ from embed_lib.data.tasks import TASK_SLUG, task_names
 ENCODER_ALIASES = {"minilm": "sentence-transformers/all-MiniLM-L6-v2"}
 
 DTYPES = ("float32", "float16", "bfloat16")
+#: the torch devices an encoder may be put on
+DEVICE = re.compile(r"cpu|cuda(:\d+)?|mps|xpu(:\d+)?")
 
 
 @dataclass(frozen=True)
@@ -139,6 +142,9 @@ class EncoderConfig:
         if self.prompt is not None and self.prompt_name is not None:
             raise ValueError("EncoderConfig: give prompt or prompt_name, not both.")
         check_backend(self.backend, "EncoderConfig.backend")
+        if self.device is not None and not DEVICE.fullmatch(str(self.device)):
+            raise ValueError(f"EncoderConfig.device={self.device!r}; give cpu, cuda, cuda:N, mps or xpu[:N] (None: "
+                             "the best available).")
 
     def to_dict(self) -> dict[str, Any]:
         return dataclasses.asdict(self)

@@ -127,3 +127,12 @@ def test_a_command_ends_without_the_exit_collection_but_runs_its_exit_handlers()
             "sys.stdout.write('result, unflushed')\n")
     out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=60).stdout
     assert out == "result, unflushedhandler ran, frozen yet: False\nfrozen at exit: True\n"
+
+
+def test_a_cache_dir_the_command_cannot_write_is_named_before_anything_runs(tmp_path, capsys):
+    (tmp_path / "file").write_text("")
+    out = tmp_path / "b.md"
+    assert main(["baseline", "--task", "stsb", "--cache-dir", str(tmp_path / "file" / "cache"), "--out", str(out)]) == 2
+    assert capsys.readouterr().err.startswith(f"error: --cache-dir {tmp_path}/file/cache: the driver cannot write "
+                                              "there (Not a directory)")
+    assert not out.exists()

@@ -59,6 +59,13 @@ def test_config_validation():
         EncoderConfig(tau_attn=0.0)
     with pytest.raises(ValueError, match="EncoderConfig.dtype='int8'"):
         EncoderConfig(dtype="int8")
+    with pytest.raises(ValueError, match=r"EncoderConfig.device='gpu0'; give cpu, cuda, cuda:N, mps or xpu\[:N\]"):
+        EncoderConfig(device="gpu0")
+    assert EncoderConfig(device="cuda:1").device == "cuda:1"  # a valid name: checked against the hardware on load
+    import torch
+    with pytest.raises(ValueError, match=rf"EncoderConfig.device='cuda:{torch.cuda.device_count()}', and torch sees "
+                                         rf"{torch.cuda.device_count()} CUDA device\(s\) here"):
+        FrozenEncoder(EncoderConfig(device=f"cuda:{torch.cuda.device_count()}"))
     with pytest.raises(ValueError, match="Could not load encoder '/no/such/model': no such file or directory"):
         FrozenEncoder(EncoderConfig(model="/no/such/model"))
     with pytest.raises(ValueError, match="Could not load encoder './no/such/model': no such file or directory"):

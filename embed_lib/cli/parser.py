@@ -13,12 +13,14 @@ from __future__ import annotations
 import argparse
 import logging
 import sys
+from pathlib import Path
 from typing import Sequence
 
 from embed_lib.cli.args import (add_adapter_flags, add_custom_data_flags, add_data_flags, add_encoder_flags,
                                 add_mlflow_flags, add_teacher_flags, float_above, int_at_least, resolve_task)
 from embed_lib.cli.commands import cmd_baseline, cmd_diagnostics, cmd_retrieval, cmd_study, cmd_teacher, cmd_train
 from embed_lib.cli.registry import add_registry_parser
+from embed_lib.config import writable_dir
 from embed_lib.data.tasks import task_names
 from embed_lib.tracking.runs import checked_tracking_uri
 
@@ -117,12 +119,14 @@ def main(argv: Sequence[str] | None = None) -> int:
         except (ValueError, FileNotFoundError, RuntimeError) as exc:
             print(f"error: {exc}", file=sys.stderr)
             return 2
-    if getattr(args, "tracking_uri", None) is not None:
-        try:  # a store MLflow cannot use: one line before anything is encoded or trained
+    try:  # a store MLflow cannot use, a cache it cannot write: one line before anything is encoded or trained
+        if getattr(args, "tracking_uri", None) is not None:
             args.tracking_uri = checked_tracking_uri(args.tracking_uri)
-        except ValueError as exc:
-            print(f"error: {exc}", file=sys.stderr)
-            return 2
+        if getattr(args, "cache_dir", None) is not None:
+            writable_dir(Path(args.cache_dir).absolute(), "--cache-dir")
+    except ValueError as exc:
+        print(f"error: {exc}", file=sys.stderr)
+        return 2
     if hasattr(args, "out") and args.out is None:
         args.out = f"results/{args.command}_{args.task.replace(',', '_')}.md"
     try:

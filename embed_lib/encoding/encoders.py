@@ -64,6 +64,10 @@ class FrozenEncoder:
         check_local(self.config.model, "encoder")
         self.model_path = resolve_model(self.config.model)
         self.device = self.config.device or best_device()
+        if self.device.startswith("cuda") and (not torch.cuda.is_available() or int(
+                (self.device.split(":") + ["0"])[1]) >= torch.cuda.device_count()):
+            raise ValueError(f"EncoderConfig.device={self.device!r}, and torch sees {torch.cuda.device_count()} CUDA "
+                             "device(s) here: give cpu, another device, or leave --device unset (the best available).")
         is_local = Path(self.model_path).exists()
         try:
             self.model = SentenceTransformer(
