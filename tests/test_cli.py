@@ -136,3 +136,37 @@ def test_a_cache_dir_the_command_cannot_write_is_named_before_anything_runs(tmp_
     assert capsys.readouterr().err.startswith(f"error: --cache-dir {tmp_path}/file/cache: the driver cannot write "
                                               "there (Not a directory)")
     assert not out.exists()
+
+
+@pytest.mark.parametrize("argv, message", [
+    (["study", "--task", "stsb", "--gamma-grid", "0.1,x"], "--gamma-grid '0.1,x': expected numbers separated by commas"),
+    (["study", "--task", "stsb", "--gamma-grid", "2"], "--gamma-grid '2': AdapterConfig.gamma=2.0 is out of range"),
+    (["study", "--task", "stsb,qqp", "--tau", "-3"], "AdapterConfig.tau=-3.0 is out of range"),
+    (["retrieval", "--task", "qqp", "--train", "--tau", "-1"], "AdapterConfig.tau=-1.0 is out of range"),
+    (["diagnostics", "--task", "stsb", "--collapse-tau", "20"], "EncoderConfig.tau_attn=20.0 is out of range"),
+])
+def test_a_bad_flag_fails_before_any_teacher_or_encoding(argv, message, tmp_path, capsys, monkeypatch):
+    """These used to surface only after the teacher had trained (minutes to an hour): the commands build every
+    config first. Nothing is loaded, so the load functions are made to fail loudly if reached."""
+    import embed_lib.cli.commands as commands
+
+    def reached(*a, **k):
+        raise AssertionError("the study was loaded before the flags were checked")
+    monkeypatch.setattr(commands, "load_study", reached)
+    assert main([*argv, "--cache-dir", str(tmp_path / "cache"), "--out", str(tmp_path / "out.md")]
+                if argv[0] != "diagnostics" else [*argv, "--cache-dir", str(tmp_path / "cache")]) == 2
+    assert message in capsys.readouterr().err
+
+
+def test_retrieval_from_a_store_or_model_that_is_not_there(tmp_path, capsys):
+    store = tmp_path / "none.db"
+    assert main(["retrieval", "--task", "qqp", "--model-uri", "models:/nope@champion", "--tracking-uri",
+                 f"sqlite:///{store}", "--out", str(tmp_path / "r.md")]) == 2
+    assert f"error: No MLflow store at sqlite:///{store}" in capsys.readouterr().err
+    assert not store.exists()  # reading did not make an empty store
+    import mlflow
+
+    mlflow.MlflowClient(f"sqlite:///{store}").search_experiments()  # an empty store: the model is not there
+    assert main(["retrieval", "--task", "qqp", "--model-uri", "models:/nope@champion", "--tracking-uri",
+                 f"sqlite:///{store}", "--out", str(tmp_path / "r.md")]) == 2
+    assert "error: MLflow: Registered Model with name=nope not found" in capsys.readouterr().err

@@ -64,6 +64,20 @@ def float_above(lo: float, *, inclusive: bool = False):
     return parse
 
 
+def gamma_grid(text: str) -> list[float]:
+    """--gamma-grid '0.05,0.1' -> [0.05, 0.1], each within AdapterConfig.gamma's bounds; else a ValueError naming it."""
+    try:
+        gammas = [float(g) for g in text.split(",")]
+    except ValueError:
+        raise ValueError(f"--gamma-grid {text!r}: expected numbers separated by commas, e.g. 0.05,0.1,0.2.") from None
+    for g in gammas:
+        try:
+            AdapterConfig(gamma=g)
+        except ValueError as exc:
+            raise ValueError(f"--gamma-grid {text!r}: {exc}") from None
+    return gammas
+
+
 def add_data_flags(p: argparse.ArgumentParser) -> None:
     p.add_argument("--data-dir", default=None,
                    help="local mirror of the datasets (default: $EMBED_DATA_DIR; unset: the Hugging Face Hub)")

@@ -11,7 +11,8 @@ from pathlib import Path
 import mlflow
 import numpy as np
 
-from embed_lib.cli.args import adapter_config, encoder_config, teacher_config, teacher_progress, teacher_summary
+from embed_lib.cli.args import (adapter_config, encoder_config, gamma_grid, teacher_config, teacher_progress,
+                                teacher_summary)
 from embed_lib.config import default_cache_dir
 from embed_lib.data.tasks import SPLITS, distinct_texts, load_splits, task_names
 from embed_lib.encoding.cache import EmbeddedTask, EmbeddingCache, manifest_mismatch
@@ -20,7 +21,8 @@ from embed_lib.report.study import STANDARD_ARMS, headroom_of, run_study, study_
 from embed_lib.teacher.cross_encoder import served_teacher
 from embed_lib.tracking.cross_encoder_registry import log_cross_encoder
 from embed_lib.tracking.registry import load_registered
-from embed_lib.tracking.runs import default_tracking_uri, log_group, log_task_inputs, set_experiment, ui_link
+from embed_lib.tracking.runs import (default_tracking_uri, log_group, log_task_inputs, require_store, set_experiment,
+                                     ui_link)
 from embed_lib.training import retrieval as R
 from embed_lib.training.adapters import PairAdapter
 from embed_lib.training.diagnostics import length_collapse
@@ -122,6 +124,9 @@ def cmd_train(args: argparse.Namespace) -> int:
 
 def cmd_study(args: argparse.Namespace) -> int:
     tasks = task_names() if args.task == "all" else args.task.split(",")
+    gammas = gamma_grid(args.gamma_grid)
+    for task in tasks:  # every flag made into its config before the first task is encoded or its teacher trained
+        adapter_config(args, task), teacher_config(args, task)
     sections, summary = [], {}
     for task in tasks:
         print(f"[{task}]", file=sys.stderr)
@@ -131,7 +136,6 @@ def cmd_study(args: argparse.Namespace) -> int:
                                   progress=teacher_progress(task))
         if record is not None:
             print(teacher_summary(record), file=sys.stderr)
-        gammas = [float(g) for g in args.gamma_grid.split(",")]
         arms = [(label, o) for label, o in STANDARD_ARMS if args.arms == "all" or o["adapter"].startswith(args.arms)]
         results = run_study(data, adapter_config(args, task), arms=arms, gammas=gammas,
                             log=lambda m: print(m, file=sys.stderr))
@@ -154,17 +158,16 @@ def cmd_study(args: argparse.Namespace) -> int:
     return 0
 
 
-def _retrieval_models(args, data):
+def _retrieval_models(args, data, cfg, registered):
     """[(label, PairAdapter)] to re-rank with: the registered model (--model-uri) or a group trained here."""
     if args.train:
-        cfg = adapter_config(args, args.task)
         result = train_seed_group(cfg, data)
         gate = novelty_gate(data, cfg.novelty_quantile) if cfg.novelty_quantile > 0 else None
         model = PairAdapter.from_config(cfg, int(data.X.shape[1]), novelty=gate)
         model.load_state_dict(result.state_dict)
         return f"{cfg.adapter} trained on {args.task} train ({cfg.n_seeds} seeds)", model.eval()
 
-    model, config, manifest = load_registered(args.model_uri, args.tracking_uri or default_tracking_uri())
+    model, config, manifest = registered
     diff = manifest_mismatch(manifest, data.manifest)
     if diff:
         raise ValueError(f"{args.model_uri} was trained on other encoder vectors (field: (model, here) = {diff}); "
@@ -174,12 +177,16 @@ def _retrieval_models(args, data):
 
 def cmd_retrieval(args: argparse.Namespace) -> int:
     t0 = time.perf_counter()
+    # the adapter's flags, or the registered model, before anything is encoded
+    cfg = adapter_config(args, args.task) if args.train else None
+    registered = None if args.train else load_registered(args.model_uri,
+                                                         require_store(args.tracking_uri or default_tracking_uri()))
     teacher = teacher_config(args) if args.train and args.target == "ce_margin" else None
     data, _ = load_study(args.task, encoder_config(args), teacher, data_dir=args.data_dir, cache_dir=args.cache_dir,
                          progress=teacher_progress(args.task))
     split = load_splits(args.task, (args.retrieval_split,), args.data_dir)[args.retrieval_split]
     rs, V = embed_retrieval_set(split, LazyEncoder(encoder_config(args)), args.cache_dir)
-    label, model = _retrieval_models(args, data)
+    label, model = _retrieval_models(args, data, cfg, registered)
     top = R.cosine_top_k(V, rs.queries, args.top_k)
     base = R.ranking_metrics(top, rs.relevant)
     q, k = top.shape
@@ -213,6 +220,7 @@ def cmd_retrieval(args: argparse.Namespace) -> int:
 
 
 def cmd_diagnostics(args: argparse.Namespace) -> int:
+    dataclasses.replace(encoder_config(args), tau_attn=args.collapse_tau)  # --collapse-tau checked before the teacher
     data, record = load_study(args.task, encoder_config(args), teacher_config(args), data_dir=args.data_dir,
                               cache_dir=args.cache_dir, limit=args.limit)
     print(f"Headroom on {args.task} train: correlation of each signal with |calibrated s0 - y|")

@@ -16,6 +16,8 @@ import sys
 from pathlib import Path
 from typing import Sequence
 
+from mlflow.exceptions import MlflowException
+
 from embed_lib.cli.args import (add_adapter_flags, add_custom_data_flags, add_data_flags, add_encoder_flags,
                                 add_mlflow_flags, add_teacher_flags, float_above, int_at_least, resolve_task)
 from embed_lib.cli.commands import cmd_baseline, cmd_diagnostics, cmd_retrieval, cmd_study, cmd_teacher, cmd_train
@@ -133,4 +135,7 @@ def main(argv: Sequence[str] | None = None) -> int:
         return args.func(args)
     except (ValueError, TypeError, FileNotFoundError, KeyError, RuntimeError) as exc:
         print(f"error: {exc}", file=sys.stderr)
+        return 2
+    except MlflowException as exc:  # a model or version the registry does not have, a store that refused a write
+        print(f"error: MLflow: {exc.message}", file=sys.stderr)
         return 2

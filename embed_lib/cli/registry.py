@@ -4,12 +4,11 @@ from __future__ import annotations
 
 import argparse
 import json
-from pathlib import Path
 
 import mlflow
 
 from embed_lib.tracking.registry import history, model_name, move_champion
-from embed_lib.tracking.runs import default_tracking_uri
+from embed_lib.tracking.runs import default_tracking_uri, require_store
 
 
 def add_registry_parser(sub) -> None:
@@ -49,10 +48,7 @@ def _row(r: dict) -> str:
 
 
 def cmd_registry(args: argparse.Namespace) -> int:
-    tracking_uri = args.tracking_uri or default_tracking_uri()
-    if tracking_uri.startswith("sqlite:///") and not Path(tracking_uri[len("sqlite:///"):]).is_file():
-        raise ValueError(f"No MLflow store at {tracking_uri} (nothing was tracked there yet). Name the store with "
-                         "--tracking-uri or $MLFLOW_TRACKING_URI (make run uses sqlite:///<repo>/mlflow.db).")
+    tracking_uri = require_store(args.tracking_uri or default_tracking_uri())
     client = mlflow.MlflowClient(tracking_uri, registry_uri=tracking_uri)
     name = args.name or model_name(args.model_task)
     if args.promote is not None or args.rollback:

@@ -77,6 +77,16 @@ def checked_tracking_uri(uri: str) -> str:
     return uri
 
 
+def require_store(uri: str) -> str:
+    """`uri`, when it names a store that exists (a server, or a local one already made); else a ValueError naming it:
+    reading from a sqlite path that does not exist would make an empty store there."""
+    local = local_store_path(uri)
+    if local is not None and not local.exists():
+        raise ValueError(f"No MLflow store at {uri} (nothing was tracked there yet). Name the store with "
+                         "--tracking-uri or $MLFLOW_TRACKING_URI (make run uses sqlite:///<repo>/mlflow.db).")
+    return uri
+
+
 def default_tracking_uri() -> str:
     """$MLFLOW_TRACKING_URI, else a sqlite file ./mlflow.db (absolute: Ray jobs run in a copy of the tree); never a
     store inside a Ray job's temporary working dir (`checked_tracking_uri`)."""
