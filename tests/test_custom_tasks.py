@@ -77,6 +77,8 @@ def test_a_file_for_evaluation_only(pairs_frame, tmp_path):
 @pytest.mark.parametrize("edit,message", [
     (lambda f: f.drop(columns="b"), "eval.csv, column 'b': column not found; the columns are"),
     (lambda f: f.assign(a=f.a.where(f.index != 4, "  ")), "eval.csv, row 5, column 'a': text is empty."),
+    (lambda f: f.assign(b=f.b.where(f.index != 6, "")),  # an empty CSV cell: pandas reads NaN
+     "eval.csv, row 7, column 'b': text is missing (an empty cell); fill it in or drop the row."),
     (lambda f: f.assign(score=f.score.astype(object).where(f.index != 7, "high")),
      "eval.csv, row 8, column 'score': label must be a number; found 'high'."),
     (lambda f: f.assign(score=f.score.where(f.index != 2, None)), "eval.csv, row 3, column 'score': label is missing."),

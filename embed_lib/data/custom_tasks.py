@@ -103,6 +103,8 @@ class CustomTask:
     def _texts(self, frame: pd.DataFrame) -> None:
         for col in self.text_columns:
             for i, v in enumerate(frame[col].tolist()):
+                if v is None or (isinstance(v, float) and v != v):  # a missing cell: pandas reads an empty one as NaN
+                    raise self._fail(i, col, "text is missing (an empty cell); fill it in or drop the row.")
                 if not isinstance(v, str):
                     raise self._fail(i, col, f"text must be a string; found {v!r}.")
                 if not v.strip():
