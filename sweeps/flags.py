@@ -7,7 +7,8 @@ from pathlib import Path
 from typing import Any
 
 from embed_lib.cli.args import (add_custom_data_flags, add_data_flags, add_encoder_flags, add_mlflow_flags,
-                                add_teacher_flags, encoder_config, float_above, int_at_least, teacher_config)
+                                add_teacher_flags, encoder_config, float_above, float_list, int_at_least,
+                                teacher_config)
 from embed_lib.config import AdapterConfig
 from embed_lib.data.tasks import task_names
 from embed_lib.encoding.weights import check_local
@@ -115,10 +116,7 @@ def transfer_tasks(value: str, task: str) -> list[str]:
 
 def tau_values(text: str) -> list[float]:
     """--tau-attn-values '1.0,0.5' -> [1.0, 0.5]."""
-    try:
-        return [float(t) for t in text.split(",")]
-    except ValueError:
-        raise ValueError(f"--tau-attn-values {text!r}: expected numbers separated by commas, e.g. 1.0,0.5.") from None
+    return float_list(text, "--tau-attn-values", "1.0,0.5")
 
 
 def check_settings(args, fixed: dict[str, Any]) -> None:

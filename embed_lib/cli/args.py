@@ -64,12 +64,17 @@ def float_above(lo: float, *, inclusive: bool = False):
     return parse
 
 
+def float_list(text: str, flag: str, example: str) -> list[float]:
+    """'0.05,0.1' -> [0.05, 0.1]; else a ValueError naming `flag` and showing `example`."""
+    try:
+        return [float(v) for v in text.split(",")]
+    except ValueError:
+        raise ValueError(f"{flag} {text!r}: expected numbers separated by commas, e.g. {example}.") from None
+
+
 def gamma_grid(text: str) -> list[float]:
     """--gamma-grid '0.05,0.1' -> [0.05, 0.1], each within AdapterConfig.gamma's bounds; else a ValueError naming it."""
-    try:
-        gammas = [float(g) for g in text.split(",")]
-    except ValueError:
-        raise ValueError(f"--gamma-grid {text!r}: expected numbers separated by commas, e.g. 0.05,0.1,0.2.") from None
+    gammas = float_list(text, "--gamma-grid", "0.05,0.1,0.2")
     for g in gammas:
         try:
             AdapterConfig(gamma=g)
