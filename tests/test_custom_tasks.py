@@ -174,3 +174,7 @@ def test_pair_file_flags_on_a_built_in_task_are_refused_not_ignored(tmp_path):
         "error: --text-columns, --split describe a pair file or hf:<id>, and --task 'stsb' is a built-in task with "
         "its own columns, labels and splits: drop them, or give the file as --task."], proc.stderr
     assert not out.exists() and not out.with_suffix(".json").exists()
+    proc = _cli("baseline", "--task", "all", "--label-column", "score", "--out", str(out), cwd=tmp_path)
+    assert proc.returncode == 2 and proc.stderr.strip().splitlines() == [
+        "error: --label-column describes a pair file or hf:<id>, and --task 'all' is every built-in task with its own "
+        "columns, labels and splits: drop them, or give the file as --task."], proc.stderr

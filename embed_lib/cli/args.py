@@ -270,15 +270,21 @@ def add_custom_data_flags(p: argparse.ArgumentParser) -> None:
                                                 "sweep-<name>, registered model pair-residual-<name>")
 
 
+def refuse_pair_file_flags(args: argparse.Namespace, value: str) -> None:
+    """ValueError when a pair-file flag is given with a built-in task (or 'all'), which would ignore it."""
+    given = [f"--{k.replace('_', '-')}" for k, v in PAIR_FILE_DEFAULTS.items() if getattr(args, k, v) != v]
+    if given:
+        verb = "describes" if len(given) == 1 else "describe"
+        what = "every built-in task" if value == "all" else "a built-in task"
+        raise ValueError(f"{', '.join(given)} {verb} a pair file or hf:<id>, and --task {value!r} is {what} "
+                         "with its own columns, labels and splits: drop them, or give the file as --task.")
+
+
 def resolve_task(args: argparse.Namespace, value: str) -> str:
     """A built-in task name stays as it is; a file or hf:<id> is validated and registered as a custom task,
     whose name is returned. Raises ValueError / FileNotFoundError naming the file, row, column and rule."""
     if value in task_names():
-        given = [f"--{k.replace('_', '-')}" for k, v in PAIR_FILE_DEFAULTS.items() if getattr(args, k, v) != v]
-        if given:
-            verb = "describes" if len(given) == 1 else "describe"
-            raise ValueError(f"{', '.join(given)} {verb} a pair file or hf:<id>, and --task {value!r} is a built-in "
-                             "task with its own columns, labels and splits: drop them, or give the file as --task.")
+        refuse_pair_file_flags(args, value)
         return value
     if value in CUSTOM:
         return value

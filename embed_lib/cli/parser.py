@@ -19,7 +19,8 @@ from typing import Sequence
 from mlflow.exceptions import MlflowException
 
 from embed_lib.cli.args import (add_adapter_flags, add_custom_data_flags, add_data_flags, add_encoder_flags,
-                                add_mlflow_flags, add_teacher_flags, float_above, int_at_least, resolve_task)
+                                add_mlflow_flags, add_teacher_flags, float_above, int_at_least, refuse_pair_file_flags,
+                                resolve_task)
 from embed_lib.cli.commands import cmd_baseline, cmd_diagnostics, cmd_retrieval, cmd_study, cmd_teacher, cmd_train
 from embed_lib.cli.registry import add_registry_parser
 from embed_lib.config import writable_dir
@@ -114,10 +115,13 @@ def main(argv: Sequence[str] | None = None) -> int:
     parser = build_parser()
     args = parser.parse_args(argv)
     task = getattr(args, "task", None)
-    if task is not None and task != "all":
+    if task is not None:
         listed = task.split(",") if args.command == "study" else [task]
         try:  # a file or hf:<id> is validated here, before anything is encoded, cached or logged
-            args.task = ",".join(resolve_task(args, t) for t in listed)
+            if task == "all":
+                refuse_pair_file_flags(args, task)
+            else:
+                args.task = ",".join(resolve_task(args, t) for t in listed)
         except (ValueError, FileNotFoundError, RuntimeError) as exc:
             print(f"error: {exc}", file=sys.stderr)
             return 2
