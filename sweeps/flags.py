@@ -7,8 +7,8 @@ from pathlib import Path
 from typing import Any
 
 from embed_lib.cli.args import (add_custom_data_flags, add_data_flags, add_encoder_flags, add_mlflow_flags,
-                                add_teacher_flags, encoder_config, float_above, float_list, int_at_least,
-                                teacher_config)
+                                add_teacher_flags, encoder_config, teacher_config)
+from embed_lib.cli.values import float_above, float_list, int_at_least
 from embed_lib.config import AdapterConfig
 from embed_lib.data.tasks import task_names
 from embed_lib.encoding.weights import check_local

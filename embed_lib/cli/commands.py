@@ -11,8 +11,8 @@ from pathlib import Path
 import mlflow
 import numpy as np
 
-from embed_lib.cli.args import (adapter_config, encoder_config, gamma_grid, teacher_config, teacher_progress,
-                                teacher_summary)
+from embed_lib.cli.args import adapter_config, encoder_config, teacher_config, teacher_progress, teacher_summary
+from embed_lib.cli.values import gamma_grid
 from embed_lib.config import default_cache_dir
 from embed_lib.data.tasks import SPLITS, distinct_texts, load_splits, task_names
 from embed_lib.encoding.cache import EmbeddedTask, EmbeddingCache, manifest_mismatch

@@ -19,10 +19,10 @@ from typing import Sequence
 from mlflow.exceptions import MlflowException
 
 from embed_lib.cli.args import (add_adapter_flags, add_custom_data_flags, add_data_flags, add_encoder_flags,
-                                add_mlflow_flags, add_teacher_flags, float_above, int_at_least, refuse_pair_file_flags,
-                                resolve_task)
+                                add_mlflow_flags, add_teacher_flags, refuse_pair_file_flags, resolve_task)
 from embed_lib.cli.commands import cmd_baseline, cmd_diagnostics, cmd_retrieval, cmd_study, cmd_teacher, cmd_train
 from embed_lib.cli.registry import add_registry_parser
+from embed_lib.cli.values import float_above, int_at_least
 from embed_lib.config import writable_dir
 from embed_lib.data.tasks import task_names
 from embed_lib.tracking.runs import checked_tracking_uri
