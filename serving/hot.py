@@ -58,19 +58,16 @@ def replica_table() -> HotRouteTable | None:
     return getattr(instance, "hot_routes", None)
 
 
-def _is_json(scope: Scope) -> bool:
+def _json_and_length(scope: Scope) -> tuple[bool, int]:
+    """(whether the body is declared JSON, its declared Content-Length: 0 when none, chunked, or unreadable), read in
+    one pass over the headers."""
+    is_json, length = False, 0
     for name, value in scope["headers"]:
         if name == b"content-type":
-            return value.split(b";", 1)[0].strip().lower() == b"application/json"
-    return False
-
-
-def _content_length(scope: Scope) -> int:
-    """The request's declared Content-Length, 0 when it declares none (chunked) or an unreadable one."""
-    for name, value in scope["headers"]:
-        if name == b"content-length":
-            return int(value) if value.isdigit() else 0
-    return 0
+            is_json = value.split(b";", 1)[0].strip().lower() == b"application/json"
+        elif name == b"content-length":
+            length = int(value) if value.isdigit() else 0
+    return is_json, length
 
 
 def _replay(body: bytes, receive: Receive) -> Receive:
@@ -97,9 +94,12 @@ class HotRoutes:
             if self.table is None:
                 self.table = self.find()
             route = self.table.routes.get(path) if self.table else None
-        if route is not None and (error := self.table.too_large(_content_length(scope), declared=True)):
+        if route is None:
+            return await self.app(scope, receive, send)
+        is_json, length = _json_and_length(scope)
+        if error := self.table.too_large(length, declared=True):
             return await api_error_response(error)(scope, receive, send)  # declared too large: nothing read
-        if route is None or not _is_json(scope):
+        if not is_json:
             return await self.app(scope, receive, send)
         chunks, size = [], 0
         while True:
