@@ -38,6 +38,34 @@ def test_rule_rejects_a_trial_that_harms_a_transfer_task_on_one_seed():
                                            "on some seed.")
 
 
+def test_rule_refuses_a_transfer_check_that_could_not_be_measured():
+    # a transfer split too small, or with constant labels, gives a NaN Spearman: NaN < -tolerance is False, so
+    # without its own check the unmeasured task would pass the do-no-harm rule
+    nan = float("nan")
+    unmeasured = _with_transfer(_row("unmeasured", 0.03, 5, 0.1), {"mrpc": [0.0] * 5, "paws": [0.0] * 5})
+    unmeasured["transfer/paws/delta_min"] = unmeasured["transfer_delta_min"] = nan
+    safe = _with_transfer(_row("safe", 0.01, 5, 0.1), {"mrpc": [0.0] * 5, "paws": [0.0] * 5})
+    assert select_winner([unmeasured, safe])["trial"] == "safe"
+    assert select_winner([unmeasured]) is None
+    (why,) = rule_failures(unmeasured)
+    assert why.startswith("transfer delta not measurable (NaN) on paws:") and "--limit" in why and "--transfer" in why
+    assert no_winner_reason([unmeasured]).endswith(
+        "0 of 1 harm a transfer task by more than 0.001 on some seed, 1 of 1 have a transfer check that could not be "
+        "measured (NaN: give more pairs with --limit, or leave the task out with --transfer).")
+
+
+def test_worst_transfer_delta_is_nan_wherever_a_seed_gave_nan():
+    from embed_lib.training.seed_group import summarize
+
+    nan = float("nan")
+    seeds = [{"delta_val": 0.01, "transfer/mrpc/delta": 0.002, "transfer/paws/delta": d} for d in (0.0, nan, 0.001)]
+    out = summarize(seeds)
+    assert out["transfer_delta_min"] != out["transfer_delta_min"]  # NaN, not 0.0 (Python's min keeps the first)
+    assert out["transfer/mrpc/delta_min"] == 0.002 and out["transfer/paws/delta_min"] != out["transfer/paws/delta_min"]
+    assert rule_failures({**out, "delta_val_positive": 3, "n_seeds": 3})[0].startswith(
+        "transfer delta not measurable (NaN) on paws")
+
+
 def test_trial_objective_penalises_harm_beyond_the_tolerance():
     from sweeps.trainable import HARM_PENALTY, objective
 

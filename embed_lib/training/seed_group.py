@@ -283,7 +283,9 @@ def summarize(per_seed: list[dict[str, float]]) -> dict[str, float]:
         v = np.array([r[key] for r in per_seed])
         out.update({f"{key}_mean": float(v.mean()), f"{key}_min": float(v.min())})
     if transfer:  # the do-no-harm check reads this: the worst transfer delta of any seed on any other task
-        out["transfer_delta_min"] = float(min(r[k] for r in per_seed for k in transfer))
+        # np.min: a NaN check (too few pairs, constant labels) makes the minimum NaN, which the rule refuses;
+        # Python's min would keep or drop it depending on where it falls
+        out["transfer_delta_min"] = float(np.min([r[k] for r in per_seed for k in transfer]))
     for key in ("val/spearman", "test/spearman", "train/gate_fit", "test/gate_fit"):
         values = np.array([r[key] for r in per_seed if key in r], dtype=float)
         if np.isfinite(values).any():  # a constant gate has no fit to report

@@ -8,6 +8,7 @@ nDCG@10) is >= -tolerance. Among those the best mean validation delta wins, and 
 """
 from __future__ import annotations
 
+import math
 from typing import Any, Sequence
 
 import pandas as pd
@@ -19,6 +20,8 @@ LEADERBOARD_COLUMNS = ["trial", "adapter", "control", "target", "gamma", "tau", 
                        "transfer_delta_min", "train/gate_fit_mean"]
 #: the default do-no-harm tolerance: the worst seed's transfer delta may not fall below -0.001
 TRANSFER_TOLERANCE = 0.001
+#: how a rule failure for a transfer check that gave NaN begins
+UNMEASURED = "transfer delta not measurable"
 
 
 def leaderboard(rows: Sequence[dict[str, Any]]) -> pd.DataFrame:
@@ -36,9 +39,15 @@ def rule_failures(row: dict[str, Any], tolerance: float = TRANSFER_TOLERANCE) ->
     if not (row.get("n_seeds", 0) > 0 and row.get("delta_val_positive", 0) == row.get("n_seeds", -1)):
         why.append(f"validation delta positive on {row.get('delta_val_positive', 0)}/{row.get('n_seeds', 0)} seeds")
     worst = row.get("transfer_delta_min")
-    if worst is not None and worst < -tolerance:
-        bad = sorted(k.split("/")[1] for k, v in row.items()
-                     if k.startswith("transfer/") and k.endswith("/delta_min") and v < -tolerance)
+    per_task = {k.split("/")[1]: v for k, v in row.items() if k.startswith("transfer/") and k.endswith("/delta_min")}
+    unmeasured = sorted(t for t, v in per_task.items() if not math.isfinite(v))
+    if unmeasured or (worst is not None and not math.isfinite(worst)):
+        # NaN compares False with everything: left to the comparison below, an unmeasurable check would pass
+        why.append(f"{UNMEASURED} (NaN) on {', '.join(unmeasured) or 'a transfer task'}: its pairs "
+                   "are too few or their labels or scores constant; give more pairs (--limit) or leave the task out "
+                   "(--transfer)")
+    elif worst is not None and worst < -tolerance:
+        bad = sorted(t for t, v in per_task.items() if v < -tolerance)
         why.append(f"transfer delta {worst:+.4f} < -{tolerance:g} on {', '.join(bad) or 'a transfer task'}")
     return why
 
@@ -66,9 +75,12 @@ def no_winner_reason(rows: Sequence[dict[str, Any]], tolerance: float = TRANSFER
         return "No configuration completed."
     fails = [rule_failures(r, tolerance) for r in rows]
     val = sum(any(f.startswith("validation") for f in fs) for fs in fails)
-    harm = sum(any(f.startswith("transfer") for f in fs) for fs in fails)
+    unmeasured = sum(any(f.startswith(UNMEASURED) for f in fs) for fs in fails)
+    harm = sum(any(f.startswith("transfer") and not f.startswith(UNMEASURED) for f in fs) for fs in fails)
     return (f"No configuration passes the winner rule: {val} of {len(rows)} are not positive on every validation "
-            f"seed, {harm} of {len(rows)} harm a transfer task by more than {tolerance:g} on some seed.")
+            f"seed, {harm} of {len(rows)} harm a transfer task by more than {tolerance:g} on some seed"
+            + (f", {unmeasured} of {len(rows)} have a transfer check that could not be measured (NaN: give more "
+               "pairs with --limit, or leave the task out with --transfer)" if unmeasured else "") + ".")
 
 
 def to_markdown(df: pd.DataFrame, top: int | None = None, digits: int = 4) -> str:
