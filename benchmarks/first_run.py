@@ -1,13 +1,13 @@
 """The first `make run` of a newcomer, timed on fresh clones: venv, cluster, encoding, teacher, trials, registration.
 
-    .venv/bin/python benchmarks/first_run.py [--runs 2] [--keep]      (make first-run)
+    .venv/bin/python benchmarks/first_run.py [--runs 2] [--keep] [--name first_run]      (make first-run)
 
 Each run clones this repository's HEAD (commit first: local changes are not in a clone) beside it, so that the data
 mirror at ../shared/data is found as a user's clone finds it, and runs `make run` there with nothing cached: no venv
 (pip's own download cache is used, as on any machine that installed Python packages before), no embeddings, no
 teacher, an empty MLflow store. Wall time in all and by stage, and the quality the run reached (the teacher's test
 Spearman, the registered winner's deltas against the frozen cosine and its worst transfer check), from the clone's
-MLflow store. Writes results/benchmarks/first_run.json; the issue's targets are checked beside the figures.
+MLflow store. Writes results/benchmarks/first_run.json (or NAME.json); the issue's targets are checked beside the figures.
 """
 from __future__ import annotations
 
@@ -126,13 +126,17 @@ def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--runs", type=int, default=2, help="fresh clones, one after the other (default 2)")
     parser.add_argument("--keep", action="store_true", help="keep each clone (../first-run-N) for inspection")
+    parser.add_argument("--name", default="first_run", help="results/benchmarks/NAME.json (default first_run; "
+                        "another name keeps the record, e.g. for a host of another kind)")
     args = parser.parse_args()
+    if args.runs < 1:
+        parser.error(f"--runs {args.runs}: give at least 1 fresh clone")
     runs = []
     for i in range(1, args.runs + 1):
         runs.append(one_run(i, args.keep))
         runs[-1]["met"] = met(runs[-1])
         print(json.dumps(runs[-1], indent=2), flush=True)
-    write_results("first_run", {"command": "make run (fresh clone beside the mirror; venv included)",
+    write_results(args.name, {"command": "make run (fresh clone beside the mirror; venv included)",
                                 "targets": TARGETS, "runs": runs,
                                 "all_met": all(all(r["met"].values()) for r in runs)})
 
