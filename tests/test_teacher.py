@@ -396,3 +396,27 @@ def test_folds_in_worker_processes_give_the_folds_trained_here(tiny_splits, tmp_
     with pytest.raises(ValueError, match="fold_workers=-1"):
         teacher_scores(tiny_splits, cfg, tmp_path / "bad", fold_workers=-1)
 
+
+
+def test_a_teacher_with_non_finite_scores_is_refused_and_not_cached(tiny_splits, tmp_path, monkeypatch):
+    """A diverged fold scores NaN: the error names the splits, the counts and the fix, and nothing is cached (a
+    cached NaN teacher would be read by every later run)."""
+    def diverged(splits, cfg):
+        out = {k: np.full(len(d), 0.5, np.float32) for k, d in splits.items()}
+        out["train"][:2] = [np.nan, np.inf]
+        return out, {"key": teacher_key(cfg, splits), "config": dataclasses.asdict(cfg)}
+
+    with pytest.raises(ValueError, match=r"non-finite scores \(train: 2 pairs\); nothing was cached\. Its training "
+                                         r"diverged: lower its learning rate \(--teacher-lr\)"):
+        teacher_scores(tiny_splits, TINY, tmp_path, compute=diverged)
+    assert not list((tmp_path / "teacher").glob("*.npz"))
+    monkeypatch.setattr(T, "_cross_fit", lambda *a, **k: {k: np.full(len(d), np.nan, np.float32)
+                                                          for k, d in tiny_splits.items()})
+    with pytest.raises(ValueError, match=r"train: 24 pairs, validation: 24 pairs, test: 24 pairs"):
+        teacher_scores(tiny_splits, TINY, tmp_path)
+    assert not list((tmp_path / "teacher").glob("*"))
+    pretrained = dataclasses.replace(TINY, pretrained=True)
+    monkeypatch.setattr(recipe, "load", lambda *a, **k: None)
+    monkeypatch.setattr(recipe, "predict", lambda ce, pairs, cfg: np.full(len(pairs), np.nan, np.float32))
+    with pytest.raises(ValueError, match=r"Check the cross-encoder's weights \(a corrupt or mismatched model\)"):
+        teacher_scores(tiny_splits, pretrained, tmp_path)

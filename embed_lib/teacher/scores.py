@@ -168,6 +168,7 @@ def teacher_scores(splits: Mapping[str, PairData], cfg: TeacherConfig | None = N
             return hit
     if compute is not None:
         scores, record = compute(dict(splits), cfg)
+        _refuse_non_finite(scores, cfg)
         _write_cache(npz, meta_path, scores, record)
         return scores, record
     progress = progress or log.info
@@ -182,6 +183,7 @@ def teacher_scores(splits: Mapping[str, PairData], cfg: TeacherConfig | None = N
     else:
         start, record["intermediate"] = warm_start(cfg, splits["train"], root, device, progress)
         scores = _cross_fit(splits, cfg, device, start, record, progress, fold_workers)
+    _refuse_non_finite(scores, cfg)
     for name, d in splits.items():
         record[f"{name}_spearman"] = recipe.spearman_or_nan(scores[name], d.label)
     record["seconds"] = round(time.perf_counter() - t0, 1)
@@ -190,6 +192,19 @@ def teacher_scores(splits: Mapping[str, PairData], cfg: TeacherConfig | None = N
     record["train_pairs_per_s"] = round(trained / train_s, 1) if train_s else None
     _write_cache(npz, meta_path, scores, record)
     return scores, record
+
+
+def _refuse_non_finite(scores: Mapping[str, np.ndarray], cfg: TeacherConfig) -> None:
+    """ValueError naming the splits and counts where a teacher's scores are not all finite (a diverged fold), before
+    anything is cached: every later run would read a cached NaN teacher."""
+    bad = {name: int((~np.isfinite(v)).sum()) for name, v in scores.items() if not np.isfinite(v).all()}
+    if bad:
+        fix = ("check the cross-encoder's weights (a corrupt or mismatched model)" if cfg.pretrained else
+               "its training diverged: lower its learning rate (--teacher-lr) or train it in fp32 "
+               "(--teacher-precision fp32)")
+        raise ValueError(f"The teacher ({cfg.model}) gave non-finite scores "
+                         f"({', '.join(f'{n}: {k} pairs' for n, k in bad.items())}); nothing was cached. "
+                         f"{fix[0].upper()}{fix[1:]}.")
 
 
 def _write_cache(npz: Path, meta_path: Path, scores: Mapping[str, np.ndarray], record: dict[str, Any]) -> None:
