@@ -5,7 +5,7 @@ import pytest
 from scipy import stats
 from sklearn.metrics import accuracy_score, average_precision_score, f1_score, roc_auc_score
 
-from embed_lib.training.metrics import best_threshold, cosine, evaluate
+from embed_lib.training.metrics import best_threshold, cosine, evaluate, paired_bootstrap
 
 
 def _brute_force(s, y):
@@ -62,3 +62,27 @@ def test_cosine_by_hand():
     a = np.array([[1.0, 0.0], [3.0, 4.0]])
     b = np.array([[0.0, 2.0], [6.0, 8.0]])
     np.testing.assert_allclose(cosine(a, b), [0.0, 1.0])
+
+
+def test_paired_bootstrap_by_hand_and_its_invariants():
+    g = np.random.default_rng(0)
+    y = g.normal(size=400)
+    ref = y + g.normal(scale=1.0, size=400)
+    better = y + g.normal(scale=0.5, size=400)
+    b = paired_bootstrap(better, ref, y, resamples=300, seed=1)
+    # by hand: the same resamples, both sides ranked on each
+    h = np.random.default_rng(1)
+    d = []
+    for _ in range(300):
+        i = h.integers(0, 400, 400)
+        d.append(stats.spearmanr(better[i], y[i]).statistic - stats.spearmanr(ref[i], y[i]).statistic)
+    assert b["low"] == pytest.approx(np.quantile(d, 0.025)) and b["high"] == pytest.approx(np.quantile(d, 0.975))
+    assert b["resamples"] == 300 and b["dropped"] == 0 and b["share_above_0"] == 1.0 and b["low"] > 0
+    same = paired_bootstrap(ref, ref, y, resamples=50)  # paired: a model against itself differs by exactly 0
+    assert same["low"] == same["high"] == 0.0 and same["share_above_0"] == 0.0
+    swapped = paired_bootstrap(ref, better, y, resamples=300, seed=1)  # antisymmetric
+    assert swapped["low"] == pytest.approx(-b["high"]) and swapped["high"] == pytest.approx(-b["low"])
+    with pytest.raises(ValueError, match="one length >= 3"):
+        paired_bootstrap(ref[:5], ref[:4], y[:5])
+    with pytest.raises(ValueError, match="every resample had a constant side"):
+        paired_bootstrap(np.ones(4), ref[:4], y[:4], resamples=10)

@@ -7,6 +7,7 @@
     diagnostics  headroom of each difficulty signal and the length-collapse table
     teacher      the K-fold teacher's record, one cross-encoder on all of train, registered as cross-encoder-<task>
     registry     versions of pair-residual-<task>, their aliases and why each sits there; --promote / --rollback
+    evaluate     a registered adapter on one split of a task or your own pair file, beside the frozen cosine
 """
 from __future__ import annotations
 
@@ -21,6 +22,7 @@ from mlflow.exceptions import MlflowException
 from embed_lib.cli.args import (add_adapter_flags, add_custom_data_flags, add_data_flags, add_encoder_flags,
                                 add_mlflow_flags, add_teacher_flags, refuse_pair_file_flags, resolve_task)
 from embed_lib.cli.commands import cmd_baseline, cmd_diagnostics, cmd_retrieval, cmd_study, cmd_teacher, cmd_train
+from embed_lib.cli.evaluate import add_evaluate_parser
 from embed_lib.cli.registry import add_registry_parser
 from embed_lib.cli.values import float_above, int_at_least
 from embed_lib.config import writable_dir
@@ -107,6 +109,7 @@ def build_parser() -> argparse.ArgumentParser:
     p.set_defaults(func=cmd_teacher)
 
     add_registry_parser(sub)
+    add_evaluate_parser(sub)
     return parser
 
 
@@ -134,7 +137,8 @@ def main(argv: Sequence[str] | None = None) -> int:
         print(f"error: {exc}", file=sys.stderr)
         return 2
     if hasattr(args, "out") and args.out is None:
-        args.out = f"results/{args.command}_{args.task.replace(',', '_')}.md"
+        split = f"_{args.eval_split}" if args.command == "evaluate" else ""
+        args.out = f"results/{args.command}_{args.task.replace(',', '_')}{split}.md"
     try:
         return args.func(args)
     except (ValueError, TypeError, FileNotFoundError, KeyError, RuntimeError) as exc:

@@ -88,3 +88,28 @@ def cosine(a: np.ndarray, b: np.ndarray) -> np.ndarray:
     na = np.maximum(np.linalg.norm(a, axis=1), 1e-8)
     nb = np.maximum(np.linalg.norm(b, axis=1), 1e-8)
     return ((a * b).sum(axis=1) / (na * nb)).astype(np.float32)
+
+
+def paired_bootstrap(scores, reference, labels, resamples: int = 1000, seed: int = 0,
+                     level: float = 0.95) -> dict[str, float]:
+    """Percentile interval of Spearman(scores) - Spearman(reference) over `resamples` resamples of the pairs with
+    replacement, both scored on the same resample each time (paired), and the share of resamples where the delta is
+    above 0. Resamples whose Spearman is undefined (a constant side) are dropped and counted."""
+    s, r, y = _as_1d(scores, "scores"), _as_1d(reference, "reference"), _as_1d(labels, "labels")
+    if not len(s) == len(r) == len(y) or len(s) < 3:
+        raise ValueError(f"paired_bootstrap needs three arrays of one length >= 3; got {len(s)}, {len(r)}, {len(y)}.")
+    if resamples < 1 or not 0 < level < 1:
+        raise ValueError(f"paired_bootstrap: resamples={resamples} (>= 1), level={level} (in (0, 1)).")
+    g = np.random.default_rng(seed)
+    deltas = []
+    for _ in range(resamples):
+        i = g.integers(0, len(y), len(y))
+        if np.ptp(y[i]) == 0 or np.ptp(s[i]) == 0 or np.ptp(r[i]) == 0:
+            continue
+        deltas.append(stats.spearmanr(s[i], y[i]).statistic - stats.spearmanr(r[i], y[i]).statistic)
+    if not deltas:
+        raise ValueError("paired_bootstrap: every resample had a constant side; the pairs are too few or too alike.")
+    d = np.asarray(deltas)
+    lo, hi = np.quantile(d, [(1 - level) / 2, (1 + level) / 2])
+    return {"low": float(lo), "high": float(hi), "level": level, "resamples": len(d),
+            "dropped": resamples - len(d), "share_above_0": float((d > 0).mean())}

@@ -1,0 +1,142 @@
+"""`python -m embed_lib evaluate`: a registered adapter on one split of a task or of your own pair file, beside the
+frozen cosine it anchors to.
+
+The model scores the pairs as the service and the pyfunc model do (the mean over its seeds, from the vectors of the
+encoder its manifest names, embedded through the cache); every metric of the task (Spearman, Pearson; for binary
+labels ROC-AUC, average precision, accuracy and F1 at the best threshold) for the model and the frozen cosine, each
+seed's Spearman delta, and a paired bootstrap interval of the Spearman delta. Writes
+results/evaluate_<task>_<split>.{md,json} (or --out).
+"""
+from __future__ import annotations
+
+import argparse
+import json
+import sys
+import time
+from pathlib import Path
+
+import numpy as np
+import torch
+
+from embed_lib.cli.args import add_custom_data_flags, add_data_flags
+from embed_lib.cli.values import int_at_least
+from embed_lib.config import EncoderConfig
+from embed_lib.data.tasks import CUSTOM, SPLITS, load_task, task_names
+from embed_lib.encoding.cache import EmbeddingCache, manifest_mismatch
+from embed_lib.encoding.encoders import FrozenEncoder
+from embed_lib.tracking.registry import load_registered
+from embed_lib.tracking.runs import default_tracking_uri, require_store
+from embed_lib.training.metrics import evaluate, paired_bootstrap, spearman
+
+
+def add_evaluate_parser(sub) -> None:
+    p = sub.add_parser("evaluate", help="a registered adapter on one split of a task or your own pair file, beside "
+                                        "the frozen cosine, with a paired bootstrap interval of the Spearman delta")
+    p.add_argument("--task", default="stsb", help=f"one of {task_names()} or your own pairs: a .csv / .tsv / .jsonl "
+                                                  "/ .parquet file or hf:<dataset id> (default: stsb)")
+    p.add_argument("--model-uri", default="models:/pair-residual-stsb@champion",
+                   help="the registered adapter (default: the STS-B champion of `make run`)")
+    p.add_argument("--tracking-uri", default=None,
+                   help="MLflow tracking URI (default: $MLFLOW_TRACKING_URI or sqlite:///<cwd>/mlflow.db)")
+    p.add_argument("--eval-split", choices=SPLITS, default="test",
+                   help="the split scored (default test; a file given with --split test has only that one)")
+    p.add_argument("--bootstrap", type=int_at_least(0), default=1000,
+                   help="resamples of the paired bootstrap of the Spearman delta (default 1000; 0: none)")
+    p.add_argument("--device", default=None, help="the encoder's device: cpu, cuda, cuda:1 (default: best available)")
+    add_data_flags(p)
+    add_custom_data_flags(p)
+    p.add_argument("--out", default=None, help="results file (default: results/evaluate_<task>_<split>.md)")
+    p.set_defaults(func=cmd_evaluate)
+
+
+def _split(args: argparse.Namespace):
+    if args.task == "all":
+        raise ValueError("evaluate scores one task: give --task a task name or a pair file, not 'all'.")
+    has = [s for s in SPLITS if s in CUSTOM[args.task][1]] if args.task in CUSTOM else SPLITS
+    if args.eval_split not in has:
+        raise ValueError(f"--eval-split {args.eval_split}: {args.task} has only {list(has)}; give --eval-split "
+                         f"{has[-1]}.")
+    return load_task(args.task, args.eval_split, args.data_dir)
+
+
+def _vectors(manifest: dict, texts: list[str], args: argparse.Namespace) -> np.ndarray:
+    """The texts' vectors under the model's own encoder (from its manifest), through the embedding cache."""
+    cfg = EncoderConfig.from_manifest(manifest, **({"device": args.device} if args.device else {}))
+
+    def encoder() -> FrozenEncoder:
+        enc = FrozenEncoder(cfg)
+        diff = manifest_mismatch(manifest, enc.manifest())
+        if diff:
+            raise ValueError("The encoder available here differs from the one this adapter was trained on "
+                             f"(field: (trained, here) = {diff}).")
+        return enc
+    return EmbeddingCache(manifest, args.cache_dir).get(texts, encoder)
+
+
+@torch.no_grad()
+def _scores(model, V: torch.Tensor, ia: torch.Tensor, ib: torch.Tensor, chunk: int = 8192
+            ) -> tuple[np.ndarray, np.ndarray]:
+    """(S, n) every seed's score and (n,) the frozen cosine of the pairs (rows ia, ib of V), `chunk` pairs at a time."""
+    S, scores, cos = len(model.seeds), [], []
+    for i in range(0, len(ia), chunk):
+        out = model(V[ia[i: i + chunk]].expand(S, -1, -1), V[ib[i: i + chunk]].expand(S, -1, -1))
+        scores.append(out.score)
+        cos.append(out.s0[0])
+    return torch.cat(scores, 1).numpy(), torch.cat(cos).numpy()
+
+
+def evaluation(args: argparse.Namespace) -> dict:
+    """The figures of `evaluate` (see the module docstring), as the JSON file holds them."""
+    t0 = time.perf_counter()
+    store = require_store(args.tracking_uri or default_tracking_uri())
+    model, config, manifest = load_registered(args.model_uri, store)
+    split = _split(args)
+    texts = split.texts()
+    row = {t: i for i, t in enumerate(texts)}
+    V = torch.from_numpy(_vectors(manifest, texts, args))
+    ia, ib = (torch.tensor([row[t] for t in side]) for side in (split.sentence1, split.sentence2))
+    per_seed, cos = _scores(model, V, ia, ib)
+    y = split.label
+    served = {"score": per_seed.mean(0), "baseline": cos}  # the service's and the pyfunc's ensemble: the seeds' mean
+    base = spearman(cos, y)
+    seed_deltas = [spearman(s, y) - base for s in per_seed]
+    out = {"task": args.task, "split": args.eval_split, "split_note": split.split_note, "pairs": len(split),
+           "binary": split.binary, "model_uri": args.model_uri, "adapter": config.adapter, "trained_on": config.task,
+           "encoder": {k: manifest.get(k) for k in ("encoder", "revision", "backend", "tau_attn", "dim")},
+           "frozen_cosine": evaluate(served["baseline"], y, split.binary),
+           "model": evaluate(served["score"], y, split.binary),
+           "seed_spearman_deltas": seed_deltas}
+    out["delta"] = {k: out["model"][k] - out["frozen_cosine"][k] for k in out["model"] if not k.startswith("threshold")}
+    if args.bootstrap:
+        out["spearman_delta_bootstrap"] = paired_bootstrap(served["score"], served["baseline"], y, args.bootstrap)
+    out["seconds"] = round(time.perf_counter() - t0, 1)
+    return out
+
+
+def markdown(r: dict) -> str:
+    lines = [f"# Evaluation: {r['model_uri']} on {r['task']} {r['split']}", "",
+             f"Model: {r['adapter']}, trained on {r['trained_on']}; encoder {r['encoder']['encoder']} (from the "
+             f"model's manifest). {r['pairs']:,} pairs ({r['split_note']}). Model: the mean over its "
+             f"{len(r['seed_spearman_deltas'])} seeds, as served.", "",
+             "| metric | frozen cosine | model | delta |", "|---|---|---|---|"]
+    lines += [f"| {k} | {r['frozen_cosine'][k]:.4f} | {r['model'][k]:.4f} | {d:+.4f} |" for k, d in r["delta"].items()]
+    d = np.asarray(r["seed_spearman_deltas"])
+    lines += ["", f"Spearman delta per seed: {', '.join(f'{v:+.4f}' for v in d)} ({int((d > 0).sum())}/{len(d)} "
+                  "above 0)."]
+    if "spearman_delta_bootstrap" in r:
+        b = r["spearman_delta_bootstrap"]
+        lines.append(f"Spearman delta, {b['level']:.0%} paired bootstrap interval over {b['resamples']} resamples of "
+                     f"the pairs: [{b['low']:+.4f}, {b['high']:+.4f}]; above 0 in {b['share_above_0']:.1%} of them.")
+    return "\n".join(lines) + "\n"
+
+
+def cmd_evaluate(args: argparse.Namespace) -> int:
+    result = evaluation(args)
+    text = markdown(result)
+    print(text)
+    out = Path(args.out)
+    out.parent.mkdir(parents=True, exist_ok=True)
+    out.write_text(text)
+    out.with_suffix(".json").write_text(json.dumps(result, indent=2))
+    print(f"wrote {out} and {out.with_suffix('.json')} in {result['seconds']:.0f}s", file=sys.stderr)
+    return 0

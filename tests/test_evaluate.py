@@ -1,0 +1,99 @@
+"""`python -m embed_lib evaluate`: a registered adapter from a real MLflow store, scored as served, beside the frozen
+cosine, on a built-in split and on a pair file of one's own."""
+from __future__ import annotations
+
+import json
+
+import pandas as pd
+import pytest
+
+from embed_lib.cli.parser import main
+
+
+@pytest.fixture(scope="module")
+def registered(stsb_embedded, tmp_path_factory):
+    """(tracking URI, model URI) of a tiny pair_gated group trained on part of STS-B train."""
+    import mlflow
+
+    from embed_lib.config import AdapterConfig
+    from embed_lib.encoding.cache import EmbeddedSplit, EmbeddedTask
+    from embed_lib.tracking.registry import log_adapter_model
+    from embed_lib.tracking.runs import set_experiment
+    from embed_lib.training.seed_group import train_seed_group
+    from embed_lib.training.tensors import prepare_study
+
+    keep = {"train": 400, "validation": 150, "test": 150}
+    splits = {k: EmbeddedSplit(s.data.subset(keep[k]), s.ia[: keep[k]], s.ib[: keep[k]])
+              for k, s in stsb_embedded.splits.items()}
+    data = prepare_study(EmbeddedTask("stsb", stsb_embedded.vectors, stsb_embedded.texts, splits,
+                                      stsb_embedded.manifest))
+    uri = f"sqlite:///{tmp_path_factory.mktemp('evaluate') / 'mlflow.db'}"
+    set_experiment("evaluate-tests", uri)
+    cfg = AdapterConfig(adapter="pair_gated", target="lexical", n_seeds=3, epochs=3, width=32, hidden=32)
+    with mlflow.start_run():
+        info = log_adapter_model(train_seed_group(cfg, data), data, registered_name="pair-residual-eval")
+    return uri, f"models:/pair-residual-eval/{info.registered_model_version}"
+
+
+def test_evaluate_scores_the_registered_model_as_served_beside_the_frozen_cosine(registered, stsb_embedded, tmp_path,
+                                                                                capsys):
+    import mlflow
+
+    from embed_lib.training.metrics import cosine, spearman
+
+    uri, model_uri = registered
+    out = tmp_path / "eval.md"
+    assert main(["evaluate", "--task", "stsb", "--model-uri", model_uri, "--tracking-uri", uri, "--bootstrap", "200",
+                 "--out", str(out)]) == 0
+    r = json.loads(out.with_suffix(".json").read_text())
+    test = stsb_embedded.splits["test"]
+    V = stsb_embedded.vectors
+    # the frozen cosine by hand, on the whole test split
+    assert r["pairs"] == len(test.data) == 1379
+    assert r["frozen_cosine"]["spearman"] == pytest.approx(spearman(cosine(V[test.ia], V[test.ib]), test.data.label),
+                                                           abs=1e-9)
+    # the model as the pyfunc flavour scores it (the served ensemble), on the cached vectors of the same texts
+    before = mlflow.get_tracking_uri()
+    mlflow.set_tracking_uri(uri)
+    try:
+        model = mlflow.pyfunc.load_model(model_uri)
+    finally:
+        mlflow.set_tracking_uri(before)
+    served = model.predict(pd.DataFrame({"emb_a": list(V[test.ia]), "emb_b": list(V[test.ib])}))
+    assert r["model"]["spearman"] == pytest.approx(spearman(served["score"].to_numpy(), test.data.label), abs=1e-6)
+    assert r["delta"]["spearman"] == pytest.approx(r["model"]["spearman"] - r["frozen_cosine"]["spearman"])
+    assert len(r["seed_spearman_deltas"]) == 3 and r["adapter"] == "pair_gated" and r["trained_on"] == "stsb"
+    b = r["spearman_delta_bootstrap"]
+    assert b["resamples"] == 200 and b["low"] <= b["high"] and 0.0 <= b["share_above_0"] <= 1.0
+    text = capsys.readouterr().out
+    assert f"# Evaluation: {model_uri} on stsb test" in text and "| spearman |" in text and "paired bootstrap" in text
+    assert out.read_text() == text.rstrip("\n") + "\n"
+
+
+def test_evaluate_on_a_holdout_file_of_ones_own(registered, stsb_embedded, tmp_path, capsys):
+    uri, model_uri = registered
+    test = stsb_embedded.splits["test"].data
+    holdout = tmp_path / "holdout.csv"
+    pd.DataFrame({"a": test.sentence1[:60], "b": test.sentence2[:60], "score": test.raw_label[:60]}).to_csv(holdout)
+    args = ["evaluate", "--task", str(holdout), "--text-columns", "a,b", "--label-column", "score", "--label-range",
+            "0,5", "--split", "test", "--model-uri", model_uri, "--tracking-uri", uri, "--bootstrap", "0",
+            "--out", str(tmp_path / "h.md")]
+    assert main(args) == 0
+    r = json.loads((tmp_path / "h.json").read_text())
+    assert r["pairs"] == 60 and r["task"] == "holdout" and "spearman_delta_bootstrap" not in r
+    assert main([*args, "--eval-split", "validation"]) == 2
+    assert "--eval-split validation: holdout has only ['test']; give --eval-split test." in capsys.readouterr().err
+
+
+def test_evaluate_refuses_what_it_cannot_score(registered, tmp_path, capsys):
+    uri, model_uri = registered
+    assert main(["evaluate", "--task", "all", "--model-uri", model_uri, "--tracking-uri", uri]) == 2
+    assert "evaluate scores one task" in capsys.readouterr().err
+    assert main(["evaluate", "--model-uri", "models:/nope@champion", "--tracking-uri", uri]) == 2
+    assert capsys.readouterr().err.startswith("error: MLflow:")
+    assert main(["evaluate", "--tracking-uri", f"sqlite:///{tmp_path / 'none.db'}"]) == 2
+    assert not (tmp_path / "none.db").exists()  # nothing made where no store was
+    with pytest.raises(SystemExit) as exit_:
+        main(["evaluate", "--bootstrap", "-1"])
+    assert exit_.value.code == 2
+    assert capsys.readouterr().err.strip().endswith("argument --bootstrap: -1 is below 0; give 0 or more")
