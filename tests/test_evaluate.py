@@ -63,6 +63,7 @@ def test_evaluate_scores_the_registered_model_as_served_beside_the_frozen_cosine
     assert r["model"]["spearman"] == pytest.approx(spearman(served["score"].to_numpy(), test.data.label), abs=1e-6)
     assert r["delta"]["spearman"] == pytest.approx(r["model"]["spearman"] - r["frozen_cosine"]["spearman"])
     assert len(r["seed_spearman_deltas"]) == 3 and r["adapter"] == "pair_gated" and r["trained_on"] == "stsb"
+    assert r["model_version"] == model_uri.rsplit("/", 1)[1]
     b = r["spearman_delta_bootstrap"]
     assert b["resamples"] == 200 and b["low"] <= b["high"] and 0.0 <= b["share_above_0"] <= 1.0
     text = capsys.readouterr().out
@@ -71,7 +72,12 @@ def test_evaluate_scores_the_registered_model_as_served_beside_the_frozen_cosine
 
 
 def test_evaluate_on_a_holdout_file_of_ones_own(registered, stsb_embedded, tmp_path, capsys):
+    import mlflow
+
     uri, model_uri = registered
+    version = model_uri.rsplit("/", 1)[1]
+    mlflow.MlflowClient(uri).set_registered_model_alias("pair-residual-eval", "best", version)
+    model_uri = "models:/pair-residual-eval@best"  # an alias: the figures name the version it pointed at
     test = stsb_embedded.splits["test"].data
     holdout = tmp_path / "holdout.csv"
     pd.DataFrame({"a": test.sentence1[:60], "b": test.sentence2[:60], "score": test.raw_label[:60]}).to_csv(holdout)
@@ -81,6 +87,7 @@ def test_evaluate_on_a_holdout_file_of_ones_own(registered, stsb_embedded, tmp_p
     assert main(args) == 0
     r = json.loads((tmp_path / "h.json").read_text())
     assert r["pairs"] == 60 and r["task"] == "holdout" and "spearman_delta_bootstrap" not in r
+    assert r["model_uri"] == model_uri and r["model_version"] == version
     assert main([*args, "--eval-split", "validation"]) == 2
     assert "--eval-split validation: holdout has only ['test']; give --eval-split test." in capsys.readouterr().err
 

@@ -11,10 +11,12 @@ from __future__ import annotations
 
 import argparse
 import json
+import re
 import sys
 import time
 from pathlib import Path
 
+import mlflow
 import numpy as np
 import torch
 
@@ -73,6 +75,16 @@ def _vectors(manifest: dict, texts: list[str], args: argparse.Namespace) -> np.n
     return EmbeddingCache(manifest, args.cache_dir).get(texts, encoder)
 
 
+def _pinned(model_uri: str, tracking_uri: str) -> tuple[str, str | None]:
+    """(the URI of the version `model_uri` names now, that version): an alias is read once, so that the figures belong
+    to one version even if the alias moves meanwhile."""
+    if m := re.fullmatch(r"models:/([^/@]+)@([^/]+)", model_uri):
+        version = str(mlflow.MlflowClient(tracking_uri).get_model_version_by_alias(*m.groups()).version)
+        return f"models:/{m[1]}/{version}", version
+    m = re.fullmatch(r"models:/[^/@]+/(\d+)", model_uri)
+    return model_uri, m[1] if m else None
+
+
 @torch.no_grad()
 def _scores(model, V: torch.Tensor, ia: torch.Tensor, ib: torch.Tensor, chunk: int = 8192
             ) -> tuple[np.ndarray, np.ndarray]:
@@ -89,7 +101,8 @@ def evaluation(args: argparse.Namespace) -> dict:
     """The figures of `evaluate` (see the module docstring), as the JSON file holds them."""
     t0 = time.perf_counter()
     store = require_store(args.tracking_uri or default_tracking_uri())
-    model, config, manifest = load_registered(args.model_uri, store)
+    pinned, version = _pinned(args.model_uri, store)
+    model, config, manifest = load_registered(pinned, store)
     split = _split(args)
     texts = split.texts()
     row = {t: i for i, t in enumerate(texts)}
@@ -101,7 +114,8 @@ def evaluation(args: argparse.Namespace) -> dict:
     base = spearman(cos, y)
     seed_deltas = [spearman(s, y) - base for s in per_seed]
     out = {"task": args.task, "split": args.eval_split, "split_note": split.split_note, "pairs": len(split),
-           "binary": split.binary, "model_uri": args.model_uri, "adapter": config.adapter, "trained_on": config.task,
+           "binary": split.binary, "model_uri": args.model_uri, "model_version": version, "adapter": config.adapter,
+           "trained_on": config.task,
            "encoder": {k: manifest.get(k) for k in ("encoder", "revision", "backend", "tau_attn", "dim")},
            "frozen_cosine": evaluate(served["baseline"], y, split.binary),
            "model": evaluate(served["score"], y, split.binary),
@@ -115,7 +129,8 @@ def evaluation(args: argparse.Namespace) -> dict:
 
 def markdown(r: dict) -> str:
     lines = [f"# Evaluation: {r['model_uri']} on {r['task']} {r['split']}", "",
-             f"Model: {r['adapter']}, trained on {r['trained_on']}; encoder {r['encoder']['encoder']} (from the "
+             f"Model: {r['adapter']}" + (f", version {r['model_version']}" if r["model_version"] else "") +
+             f", trained on {r['trained_on']}; encoder {r['encoder']['encoder']} (from the "
              f"model's manifest). {r['pairs']:,} pairs ({r['split_note']}). Model: the mean over its "
              f"{len(r['seed_spearman_deltas'])} seeds, as served.", "",
              "| metric | frozen cosine | model | delta |", "|---|---|---|---|"]
