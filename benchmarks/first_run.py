@@ -7,7 +7,8 @@ mirror at ../shared/data is found as a user's clone finds it, and runs `make run
 (pip's own download cache is used, as on any machine that installed Python packages before), no embeddings, no
 teacher, an empty MLflow store. Wall time in all and by stage, and the quality the run reached (the teacher's test
 Spearman, the registered winner's deltas against the frozen cosine and its worst transfer check), from the clone's
-MLflow store. Writes results/benchmarks/first_run.json (or NAME.json); the issue's targets are checked beside the figures.
+MLflow store. Writes results/benchmarks/first_run.json (or NAME.json); the issue's targets are checked beside the
+figures.
 """
 from __future__ import annotations
 
@@ -137,8 +138,8 @@ def main() -> None:
         runs[-1]["met"] = met(runs[-1])
         print(json.dumps(runs[-1], indent=2), flush=True)
     write_results(args.name, {"command": "make run (fresh clone beside the mirror; venv included)",
-                                "targets": TARGETS, "runs": runs,
-                                "all_met": all(all(r["met"].values()) for r in runs)})
+                              "targets": TARGETS, "runs": runs,
+                              "all_met": all(all(r["met"].values()) for r in runs)})
 
 
 if __name__ == "__main__":
