@@ -17,6 +17,7 @@ from embed_lib.config import default_cache_dir
 from embed_lib.data.tasks import SPLITS, distinct_texts, load_splits, task_names
 from embed_lib.encoding.cache import EmbeddedTask, EmbeddingCache, manifest_mismatch
 from embed_lib.pipeline.prepare import LazyEncoder, default_transfer, embed_retrieval_set, embed_splits, load_study
+from embed_lib.report.files import write_report
 from embed_lib.report.study import STANDARD_ARMS, headroom_of, run_study, study_json, study_markdown
 from embed_lib.teacher.cross_encoder import served_teacher
 from embed_lib.tracking.cross_encoder_registry import log_cross_encoder
@@ -75,11 +76,7 @@ def cmd_baseline(args: argparse.Namespace) -> int:
             "`accuracy_at_threshold` on test uses the threshold chosen on validation.\n\n"
             f"{table}\nSplits:\n" + "\n".join(notes) + "\n")
     print(table)
-    out = Path(args.out)
-    out.parent.mkdir(parents=True, exist_ok=True)
-    out.write_text(text)
-    out.with_suffix(".json").write_text(json.dumps({"encoder": manifest, "rows": rows}, indent=2))
-    print(f"wrote {out} and {out.with_suffix('.json')} in {time.perf_counter() - t0:.1f}s", file=sys.stderr)
+    write_report(args.out, text, {"encoder": manifest, "rows": rows}, time.perf_counter() - t0)
     return 0
 
 
@@ -211,11 +208,7 @@ def cmd_retrieval(args: argparse.Namespace) -> int:
                      f"{result['delta'][m]['std']:.4f} | {d.min():+.4f} | {int((d > 0).sum())}/{len(d)} | {ens[m]:.4f} |")
     text = "\n".join(lines) + "\n"
     print(text)
-    out = Path(args.out)
-    out.parent.mkdir(parents=True, exist_ok=True)
-    out.write_text(text)
-    out.with_suffix(".json").write_text(json.dumps(result, indent=2))
-    print(f"wrote {out} and {out.with_suffix('.json')} in {result['seconds']:.0f}s", file=sys.stderr)
+    write_report(args.out, text, result, result["seconds"])
     return 0
 
 

@@ -10,11 +10,8 @@ results/evaluate_<task>_<split>.{md,json} (or --out).
 from __future__ import annotations
 
 import argparse
-import json
 import re
-import sys
 import time
-from pathlib import Path
 
 import mlflow
 import numpy as np
@@ -26,6 +23,7 @@ from embed_lib.config import EncoderConfig
 from embed_lib.data.tasks import CUSTOM, SPLITS, load_task, task_names
 from embed_lib.encoding.cache import EmbeddingCache, manifest_mismatch
 from embed_lib.encoding.encoders import FrozenEncoder
+from embed_lib.report.files import write_report
 from embed_lib.tracking.registry import load_registered
 from embed_lib.tracking.runs import default_tracking_uri, require_store
 from embed_lib.training.metrics import evaluate, paired_bootstrap, spearman
@@ -149,9 +147,5 @@ def cmd_evaluate(args: argparse.Namespace) -> int:
     result = evaluation(args)
     text = markdown(result)
     print(text)
-    out = Path(args.out)
-    out.parent.mkdir(parents=True, exist_ok=True)
-    out.write_text(text)
-    out.with_suffix(".json").write_text(json.dumps(result, indent=2))
-    print(f"wrote {out} and {out.with_suffix('.json')} in {result['seconds']:.0f}s", file=sys.stderr)
+    write_report(args.out, text, result, result["seconds"])
     return 0
