@@ -15,18 +15,17 @@ import time
 
 import mlflow
 import numpy as np
-import torch
 
 from embed_lib.cli.args import add_custom_data_flags, add_data_flags
 from embed_lib.cli.values import int_at_least
 from embed_lib.config import EncoderConfig
 from embed_lib.data.tasks import CUSTOM, SPLITS, load_task, task_names
-from embed_lib.encoding.cache import EmbeddingCache, manifest_mismatch
-from embed_lib.encoding.encoders import FrozenEncoder
+from embed_lib.encoding.cache import EmbeddingCache, encoder_for
 from embed_lib.report.files import write_report
 from embed_lib.tracking.registry import load_registered
 from embed_lib.tracking.runs import default_tracking_uri, require_store
-from embed_lib.training.metrics import evaluate, paired_bootstrap, spearman
+from embed_lib.training.metrics import cosine, evaluate, paired_bootstrap, spearman
+from embed_lib.training.retrieval import seed_scores
 
 
 def add_evaluate_parser(sub) -> None:
@@ -61,16 +60,8 @@ def _split(args: argparse.Namespace):
 
 def _vectors(manifest: dict, texts: list[str], args: argparse.Namespace) -> np.ndarray:
     """The texts' vectors under the model's own encoder (from its manifest), through the embedding cache."""
-    cfg = EncoderConfig.from_manifest(manifest, **({"device": args.device} if args.device else {}))
-
-    def encoder() -> FrozenEncoder:
-        enc = FrozenEncoder(cfg)
-        diff = manifest_mismatch(manifest, enc.manifest())
-        if diff:
-            raise ValueError("The encoder available here differs from the one this adapter was trained on "
-                             f"(field: (trained, here) = {diff}).")
-        return enc
-    return EmbeddingCache(manifest, args.cache_dir).get(texts, encoder)
+    EncoderConfig.from_manifest(manifest, device=args.device)  # a bad --device named before the cache is read
+    return EmbeddingCache(manifest, args.cache_dir).get(texts, lambda: encoder_for(manifest, device=args.device))
 
 
 def _pinned(model_uri: str, tracking_uri: str) -> tuple[str, str | None]:
@@ -83,18 +74,6 @@ def _pinned(model_uri: str, tracking_uri: str) -> tuple[str, str | None]:
     return model_uri, m[1] if m else None
 
 
-@torch.no_grad()
-def _scores(model, V: torch.Tensor, ia: torch.Tensor, ib: torch.Tensor, chunk: int = 8192
-            ) -> tuple[np.ndarray, np.ndarray]:
-    """(S, n) every seed's score and (n,) the frozen cosine of the pairs (rows ia, ib of V), `chunk` pairs at a time."""
-    S, scores, cos = len(model.seeds), [], []
-    for i in range(0, len(ia), chunk):
-        out = model(V[ia[i: i + chunk]].expand(S, -1, -1), V[ib[i: i + chunk]].expand(S, -1, -1))
-        scores.append(out.score)
-        cos.append(out.s0[0])
-    return torch.cat(scores, 1).numpy(), torch.cat(cos).numpy()
-
-
 def evaluation(args: argparse.Namespace) -> dict:
     """The figures of `evaluate` (see the module docstring), as the JSON file holds them."""
     t0 = time.perf_counter()
@@ -104,23 +83,24 @@ def evaluation(args: argparse.Namespace) -> dict:
     split = _split(args)
     texts = split.texts()
     row = {t: i for i, t in enumerate(texts)}
-    V = torch.from_numpy(_vectors(manifest, texts, args))
-    ia, ib = (torch.tensor([row[t] for t in side]) for side in (split.sentence1, split.sentence2))
-    per_seed, cos = _scores(model, V, ia, ib)
+    V = _vectors(manifest, texts, args)
+    ia, ib = (np.array([row[t] for t in side], dtype=np.int64) for side in (split.sentence1, split.sentence2))
+    per_seed = seed_scores(model, V, ia, ib[:, None])[:, :, 0]  # (S, n): each pair a query with one candidate
+    cos = cosine(V[ia], V[ib])  # the frozen cosine, which the model's anchor equals exactly
     y = split.label
-    served = {"score": per_seed.mean(0), "baseline": cos}  # the service's and the pyfunc's ensemble: the seeds' mean
+    score = per_seed.mean(0)  # the served ensemble (the service's and the pyfunc's): the seeds' mean
     base = spearman(cos, y)
     seed_deltas = [spearman(s, y) - base for s in per_seed]
     out = {"task": args.task, "split": args.eval_split, "split_note": split.split_note, "pairs": len(split),
            "binary": split.binary, "model_uri": args.model_uri, "model_version": version, "adapter": config.adapter,
            "trained_on": config.task,
            "encoder": {k: manifest.get(k) for k in ("encoder", "revision", "backend", "tau_attn", "dim")},
-           "frozen_cosine": evaluate(served["baseline"], y, split.binary),
-           "model": evaluate(served["score"], y, split.binary),
+           "frozen_cosine": evaluate(cos, y, split.binary),
+           "model": evaluate(score, y, split.binary),
            "seed_spearman_deltas": seed_deltas}
     out["delta"] = {k: out["model"][k] - out["frozen_cosine"][k] for k in out["model"] if not k.startswith("threshold")}
     if args.bootstrap:
-        out["spearman_delta_bootstrap"] = paired_bootstrap(served["score"], served["baseline"], y, args.bootstrap)
+        out["spearman_delta_bootstrap"] = paired_bootstrap(score, cos, y, args.bootstrap)
     out["seconds"] = round(time.perf_counter() - t0, 1)
     return out
 

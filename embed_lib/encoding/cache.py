@@ -25,7 +25,7 @@ from typing import Any, Mapping, Sequence
 
 import numpy as np
 
-from embed_lib.config import default_cache_dir
+from embed_lib.config import EncoderConfig, default_cache_dir
 from embed_lib.data.tasks import PairData, distinct_texts
 
 log = logging.getLogger(__name__)
@@ -73,6 +73,18 @@ def _atomic_write(path: Path, write) -> None:
         if tmp.exists():
             tmp.unlink()
 
+
+def encoder_for(manifest: Mapping[str, Any], **overrides: Any):
+    """The FrozenEncoder that reproduces a trained model's vectors (`EncoderConfig.from_manifest`; overrides:
+    batch_size, device), loaded and checked against `manifest`: a ValueError naming each field that differs."""
+    from embed_lib.encoding.encoders import FrozenEncoder  # lazy: reading the cache never loads torch's model code
+
+    enc = FrozenEncoder(EncoderConfig.from_manifest(dict(manifest), **overrides))
+    diff = manifest_mismatch(manifest, enc.manifest())
+    if diff:
+        raise ValueError("The encoder available here differs from the one this adapter was trained on "
+                         f"(field: (trained, here) = {diff}).")
+    return enc
 
 @dataclass
 class CacheStats:

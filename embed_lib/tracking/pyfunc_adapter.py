@@ -13,9 +13,7 @@ import numpy as np
 import pandas as pd
 from mlflow.pyfunc import PythonModel
 
-from embed_lib.config import EncoderConfig
-from embed_lib.encoding.cache import manifest_mismatch
-from embed_lib.encoding.encoders import FrozenEncoder
+from embed_lib.encoding.cache import encoder_for
 from embed_lib.training.export import ensemble_scores, load_adapter
 
 
@@ -26,12 +24,7 @@ class PairAdapterModel(PythonModel):
 
     def _encode(self, texts: list[str]) -> np.ndarray:
         if self._encoder is None:
-            enc = FrozenEncoder(EncoderConfig.from_manifest(self.manifest))
-            diff = manifest_mismatch(self.manifest, enc.manifest())
-            if diff:
-                raise ValueError("The encoder available here differs from the one this adapter was trained on "
-                                 f"(field: (trained, here) = {diff}).")
-            self._encoder = enc
+            self._encoder = encoder_for(self.manifest)
         return self._encoder.encode(texts)
 
     def _vectors(self, column: pd.Series, name: str) -> np.ndarray:
