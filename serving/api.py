@@ -51,6 +51,7 @@ async def docs() -> HTMLResponse:
 
 
 ERRORS = error_responses(400, 404, 413, 422, 500, 503, 504)
+WARM_ERRORS = error_responses(400, 413, 422, 500, 503)  # POST /v1/warm/jobs
 
 
 def found_job(job: dict[str, Any] | None, job_id: str) -> dict[str, Any]:

@@ -32,7 +32,7 @@ from ray import serve
 
 from embed_lib.encoding.cache import EmbeddingCache
 from serving import hot
-from serving.api import ERRORS, api, found_job, json_response
+from serving.api import ERRORS, WARM_ERRORS, api, found_job, json_response
 from serving.args import AppArgs, deployment_options, ingress_autoscaling, log_options
 from serving.autoscale import BUSY, CpuShare
 from serving.deployments import (CROSS_ENCODER_CPUS, SHUTDOWN_POLL_S, CrossEncoderScorer, EncodeError, Encoder,
@@ -64,7 +64,7 @@ class Ingress:
         self._cpu = CpuShare()
         self.hot_routes = hot.HotRouteTable({"/v1/score": self.score, "/v1/rerank": self.rerank,
                                              "/v2/rerank": self.rerank_v2, "/rerank": self.rerank_tei},
-                                            max_body=self.args.body_limit())
+                                            max_body=self.args.body_limit(), limits=self.args.warm_body_limits())
 
     def record_autoscaling_stats(self) -> dict[str, float]:
         """Serve reads this every few seconds for the ingress's policy (serving/autoscale.py)."""
@@ -231,7 +231,7 @@ class Ingress:
         self.scorer.add_vectors(list(vectors), list(vectors.values()))  # this replica's near cache, same call
         return {"added": added, "cache": await self.encoder.stats.remote(), "near_cache": self.scorer.near.stats()}
 
-    @api.post("/v1/warm/jobs", status_code=202, response_model=WarmJob, responses=error_responses(400, 422, 500, 503))
+    @api.post("/v1/warm/jobs", status_code=202, response_model=WarmJob, responses=WARM_ERRORS)
     async def submit_warm_job(self, body: WarmRequest) -> dict[str, Any]:
         """Start a background warm of up to max_warm_job texts; poll GET /v1/warm/jobs/{id}."""
         check_texts("texts", body.texts, self.args.max_text_chars, max_items=self.args.max_warm_job)

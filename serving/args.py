@@ -6,6 +6,10 @@ from typing import Any, Literal
 from pydantic import BaseModel, ConfigDict, Field, ValidationError, model_validator
 
 
+#: the default ceiling of a warm body (max_warm_body_bytes): 256 MiB, about 100,000 texts of 2,000 ASCII characters
+WARM_BODY_CAP = 256 * 1024 * 1024
+
+
 class Replicas(BaseModel):
     model_config = ConfigDict(extra="forbid")  # a misspelt option is an error naming it, not a silent default
 
@@ -55,6 +59,10 @@ class AppArgs(BaseModel):
     max_body_bytes: int | None = Field(None, ge=1024, description="bytes per /v1/score, /v1/rerank, /v2/rerank and "
                                        "/rerank request body, 413 past it before the rest is read (default: the "
                                        "most the limits above allow, every character JSON-escaped: body_limit)")
+    max_warm_body_bytes: int | None = Field(None, ge=1024, description="bytes per /v1/warm and /v1/warm/jobs "
+                                            "request body, 413 past it before the rest is read (default: the most "
+                                            "max_warm_sync / max_warm_job texts allow, as body_limit counts them, "
+                                            "and at most 256 MiB: split a larger corpus into several jobs)")
     max_inflight: int = Field(64, ge=1, description="requests in flight per ingress replica before 503")
     access_log: bool = Field(False, description="per-request access logs in the replicas (each costs CPU on "
                              "every request; errors are logged either way)")
@@ -84,11 +92,26 @@ class AppArgs(BaseModel):
             return self.max_body_bytes
         return 12 * self.max_text_chars * max(2 * self.max_pairs, self.max_documents + 1) + 64 * 1024
 
+    def warm_body_limits(self) -> dict[str, tuple[int, str]]:
+        """path -> (the most bytes a warm route's body may have, the option that sets it): max_warm_body_bytes, else
+        max_warm_sync (/v1/warm) or max_warm_job (/v1/warm/jobs) texts of max_text_chars characters, escaped as in
+        body_limit, with 64 KiB for the rest; at most WARM_BODY_CAP (the ingress holds a body whole while it parses
+        it, and a job's default limits would allow 2.4 GB)."""
+        def limit(texts: int) -> int:
+            if self.max_warm_body_bytes is not None:
+                return self.max_warm_body_bytes
+            return min(12 * self.max_text_chars * texts + 64 * 1024, WARM_BODY_CAP)
+        return {"/v1/warm": (limit(self.max_warm_sync), "max_warm_body_bytes"),
+                "/v1/warm/jobs": (limit(self.max_warm_job), "max_warm_body_bytes")}
+
     def limits(self) -> dict[str, int]:
-        """What one request may hold, as /v1/models reports it (max_body_bytes: the limit in force)."""
+        """What one request may hold, as /v1/models reports it (max_body_bytes, max_warm_*_body_bytes: the limits in
+        force)."""
+        warm = self.warm_body_limits()
         return {**{k: getattr(self, k) for k in ("max_pairs", "max_documents", "max_text_chars", "max_inflight",
                                                  "max_warm_sync", "max_warm_job")},
-                "max_body_bytes": self.body_limit()}
+                "max_body_bytes": self.body_limit(), "max_warm_sync_body_bytes": warm["/v1/warm"][0],
+                "max_warm_job_body_bytes": warm["/v1/warm/jobs"][0]}
 
     @classmethod
     def parse(cls, args: dict[str, Any]) -> "AppArgs":

@@ -106,7 +106,8 @@ def install(app: FastAPI) -> None:
 #: the error statuses every endpoint documents in the OpenAPI spec
 def error_responses(*statuses: int) -> dict[int | str, dict[str, Any]]:
     descriptions = {400: "the body is not valid JSON / not UTF-8", 404: "unknown route or job",
-                    413: "over a size limit: the body (max_body_bytes) or a warm's texts (max_warm_sync)",
+                    413: "over a size limit: the body (max_body_bytes, max_warm_body_bytes) or a warm's texts "
+                         "(max_warm_sync)",
                     422: "a field is invalid (the field is named)",
                     503: "overloaded: retry after Retry-After seconds", 504: "the request exceeded request_timeout_s",
                     500: "unexpected error"}

@@ -12,6 +12,10 @@ content type, and every body the model refuses, so FastAPI's parser and validati
 exactly as before. The handler's `ApiError` gets the app's error body (serving/errors.py); any other exception
 goes on to Starlette's error middleware, as from a FastAPI route. tests/test_hot_routes.py checks that a body
 answers the same through both paths.
+
+It also holds every POST body to its size limit, a hot route's (max_body_bytes) and the warm routes' that FastAPI
+answers (max_warm_body_bytes): 413 from a Content-Length past it before anything is read, or, for a body of no
+declared length (chunked), as soon as what has arrived passes it.
 """
 from __future__ import annotations
 
@@ -29,23 +33,30 @@ Handler = Callable[[Any], Awaitable[Any]]
 
 
 class HotRouteTable:
-    """path -> (the route's request model, its handler), and how many requests each path answered past FastAPI.
-    `handlers`: path -> handler, which takes the request model as its `body` argument and returns a Response;
-    the model is read from the handler's annotation, as FastAPI reads it."""
+    """path -> (the route's request model, its handler), how many requests each path answered past FastAPI, and the
+    most bytes a POST body may have on each limited path. `handlers`: path -> handler, which takes the request model
+    as its `body` argument and returns a Response; the model is read from the handler's annotation, as FastAPI reads
+    it. `max_body` limits the handlers' paths (max_body_bytes); `limits`, path -> (bytes, the option that sets them),
+    limits routes FastAPI answers (the warm routes)."""
 
-    def __init__(self, handlers: dict[str, Handler], max_body: int | None = None) -> None:
+    def __init__(self, handlers: dict[str, Handler], max_body: int | None = None,
+                 limits: dict[str, tuple[int, str]] | None = None) -> None:
         self.routes = {path: (typing.get_type_hints(h)["body"], h) for path, h in handlers.items()}
         self.served = dict.fromkeys(handlers, 0)
-        #: the most bytes a body of these routes may have (413 past it, before the rest is read); None: no limit
-        self.max_body = max_body
+        #: path -> (the most bytes its body may have: 413 past it, before the rest is read; the option's name)
+        self.limits = {**({path: (max_body, "max_body_bytes") for path in handlers} if max_body else {}),
+                       **(limits or {})}
 
-    def too_large(self, size: int, declared: bool) -> ApiError | None:
-        """The 413 of a body of `size` bytes (declared: its Content-Length; else what was read so far), None within
-        the limit."""
-        if self.max_body is None or size <= self.max_body:
+    def too_large(self, path: str, size: int, declared: bool) -> ApiError | None:
+        """The 413 of a body of `size` bytes on `path` (declared: its Content-Length; else what was read so far), None
+        within the limit or where the path has none."""
+        if path not in self.limits or size <= self.limits[path][0]:
             return None
+        limit, option = self.limits[path]
+        fix = ("Send the texts in several smaller requests (or jobs)." if path.startswith("/v1/warm") else
+               "Send fewer or shorter texts per request.")
         return ApiError(413, f"The request body has {size} bytes{'' if declared else ' or more'}; the limit is "
-                             f"{self.max_body} (max_body_bytes). Send fewer or shorter texts per request.", "body")
+                             f"{limit} ({option}). {fix}", "body")
 
 
 def replica_table() -> HotRouteTable | None:
@@ -86,7 +97,7 @@ class HotRoutes:
         self.app, self.find, self.table = app, find, None
 
     async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
-        route = None
+        path = route = None
         if scope["type"] == "http" and scope["method"] == "POST":
             path, root = scope["path"], scope.get("root_path", "")
             if root and path.startswith(root):
@@ -94,12 +105,13 @@ class HotRoutes:
             if self.table is None:
                 self.table = self.find()
             route = self.table.routes.get(path) if self.table else None
-        if route is None:
+        if route is None and (self.table is None or path not in self.table.limits):
             return await self.app(scope, receive, send)
         is_json, length = _json_and_length(scope)
-        if error := self.table.too_large(length, declared=True):
+        if error := self.table.too_large(path, length, declared=True):
             return await api_error_response(error)(scope, receive, send)  # declared too large: nothing read
-        if not is_json:
+        hot = route is not None and is_json
+        if not hot and (length or path not in self.table.limits):  # the server reads no more than was declared
             return await self.app(scope, receive, send)
         chunks, size = [], 0
         while True:
@@ -108,11 +120,13 @@ class HotRoutes:
                 return
             chunks.append(message.get("body", b""))
             size += len(chunks[-1])
-            if error := self.table.too_large(size, declared=False):  # undeclared (chunked): stop past the limit
+            if error := self.table.too_large(path, size, declared=False):  # undeclared (chunked): stop past it
                 return await api_error_response(error)(scope, receive, send)
             if not message.get("more_body"):
                 break
         body = b"".join(chunks)
+        if not hot:
+            return await self.app(scope, _replay(body, receive), send)
         model, handler = route
         try:
             request = model.model_validate_json(body)

@@ -148,6 +148,61 @@ def test_a_body_over_the_limit_is_refused_before_it_is_read():
     assert _answer(_client(True)[0], big, JSON)[0] == 200  # no limit: as before
 
 
+def test_a_route_fastapi_answers_is_held_to_its_own_limit():
+    """A limited path that is no hot route (the warm routes): 413 naming its option from a Content-Length past the
+    limit, or once a chunked body passes it, and FastAPI never sees the body; within the limit FastAPI answers as
+    before, a chunked body replayed whole. A hot route's non-JSON chunked body is held to max_body_bytes too."""
+    from serving.schemas import WarmRequest
+
+    seen: list[int] = []
+    app = FastAPI()
+    errors.install(app)
+
+    async def warm(body: WarmRequest):
+        seen.append(len(body.texts))
+        return {"added": len(body.texts)}
+
+    warm.__annotations__ = {"body": WarmRequest}  # the real class (this module's annotations are strings)
+    app.post("/v1/warm")(warm)
+    table = hot.HotRouteTable({}, limits={"/v1/warm": (64, "max_warm_body_bytes")})
+    app.add_middleware(hot.HotRoutes, find=lambda: table)
+    client = TestClient(app, raise_server_exceptions=False)
+    small, big = b'{"texts": ["a", "b"]}', json.dumps({"texts": ["a" * 80]}).encode()
+    assert client.post("/v1/warm", content=small, headers=JSON).json() == {"added": 2}
+    assert client.post("/v1/warm", content=iter([small[:9], small[9:]]), headers=JSON).json() == {"added": 2}
+    for content in (big, iter([big[:40], big[40:]])):
+        r = client.post("/v1/warm", content=content, headers=JSON)
+        assert r.status_code == 413 and r.json()["error"]["field"] == "body", r.text
+        assert "the limit is 64 (max_warm_body_bytes). Send the texts in several smaller requests" in r.json()["error"][
+            "message"]
+    assert seen == [2, 2]  # the refused bodies reached no route
+    assert client.post("/v1/other", content=big, headers=JSON).status_code == 404  # no limit there: as before
+
+    client, taken, _ = _client(True, max_body=64)
+    r = client.post("/v1/score", content=iter([big[:40], big[40:]]), headers={"content-type": "text/plain"})
+    assert r.status_code == 413 and "or more; the limit is 64 (max_body_bytes)" in r.json()["error"]["message"]
+    assert _answer(client, small, {"content-type": "text/plain"}) == _answer(_client(False)[0], small,
+                                                                           {"content-type": "text/plain"})
+    assert not taken
+
+
+def test_the_warm_body_limits_admit_the_largest_valid_warm():
+    """warm_body_limits(): max_warm_sync / max_warm_job texts of max_text_chars characters at their longest
+    escape fit, and the default stops at WARM_BODY_CAP; max_warm_body_bytes sets both."""
+    from serving.args import WARM_BODY_CAP, AppArgs
+
+    args = AppArgs.parse({"max_warm_sync": 5, "max_warm_job": 20, "max_text_chars": 30})
+    limits = args.warm_body_limits()
+    for path, n in (("/v1/warm", 5), ("/v1/warm/jobs", 20)):
+        widest = json.dumps({"texts": ["\U0001F600" * 30] * n}).encode()
+        assert len(widest) <= limits[path][0] < len(widest) + 64 * 1024 + 1 and limits[path][1] == "max_warm_body_bytes"
+    assert AppArgs.parse({}).warm_body_limits()["/v1/warm/jobs"][0] == WARM_BODY_CAP  # 100,000 x 2,000: 2.4 GB
+    assert AppArgs.parse({}).warm_body_limits()["/v1/warm"][0] == 12 * 2000 * 1000 + 64 * 1024
+    fixed = AppArgs.parse({"max_warm_body_bytes": 4096})
+    assert {p: b for p, (b, _) in fixed.warm_body_limits().items()} == {"/v1/warm": 4096, "/v1/warm/jobs": 4096}
+    assert fixed.limits()["max_warm_job_body_bytes"] == 4096 and fixed.limits()["max_body_bytes"] == fixed.body_limit()
+
+
 def test_the_default_body_limit_admits_the_largest_valid_request():
     """body_limit(): max_pairs pairs of max_text_chars characters that JSON escapes at their longest (astral
     characters as two \\uXXXX) fit; one pair more does not (the handler's own 422 would name it)."""

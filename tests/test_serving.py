@@ -66,7 +66,7 @@ def served(ray_cluster, stsb_embedded, tmp_path_factory):
     corpus = tmp_path_factory.mktemp("corpus") / "corpus.txt"
     corpus.write_text("\n".join(CORPUS) + "\n")
     args = {"model_uri": "models:/pair-residual-stsb@champion", "tracking_uri": tracking_uri, "max_pairs": 8,
-            "max_text_chars": 200, "max_inflight": 2, "warm_corpus": str(corpus)}
+            "max_text_chars": 200, "max_inflight": 2, "max_warm_job": 1000, "warm_corpus": str(corpus)}
     serve.run(build_app(args), name="scorer", route_prefix="/")
     yield {"url": f"http://127.0.0.1:{port}", "tracking_uri": tracking_uri, "data": data, "args": args}
     serve.shutdown()
@@ -216,7 +216,9 @@ def test_docs_work_offline_and_the_spec_documents_every_error(served):
 
 def test_a_body_over_the_limit_is_refused_and_the_service_answers_on(served):
     """Through the served ingress: a body past body_limit() (here max_pairs 8, max_text_chars 200: ~2.5 MB) is a 413
-    naming max_body_bytes, from the declared Content-Length; the next request is answered as before."""
+    naming max_body_bytes, from the declared Content-Length; the next request is answered as before. The warm
+    routes refuse a body past their own limits (here ~2.5 MB each: max_warm_sync and max_warm_job 1000) naming
+    max_warm_body_bytes."""
     from serving.args import AppArgs
 
     limit = AppArgs.parse(served["args"]).body_limit()
@@ -230,6 +232,14 @@ def test_a_body_over_the_limit_is_refused_and_the_service_answers_on(served):
     ok = requests.post(served["url"] + "/v1/score", json={"pairs": [["A man plays.", "A man is playing."]]},
                        timeout=30)
     assert ok.status_code == 200, ok.text
+    warm = AppArgs.parse(served["args"]).warm_body_limits()  # the warm routes FastAPI answers: their own limits
+    assert info["limits"]["max_warm_sync_body_bytes"] == warm["/v1/warm"][0]
+    assert info["limits"]["max_warm_job_body_bytes"] == warm["/v1/warm/jobs"][0]
+    for path, (limit, _) in warm.items():
+        body = b'{"texts": ["' + b"a" * limit + b'"]}'
+        r = requests.post(served["url"] + path, data=body, headers={"content-type": "application/json"}, timeout=60)
+        assert f"has {len(body)} bytes; the limit is {limit} (max_warm_body_bytes)" in _assert_error_shape(
+            r, 413, "body")["message"]
 
 
 def test_large_warms_are_background_jobs(served):
