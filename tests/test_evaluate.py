@@ -106,3 +106,43 @@ def test_evaluate_refuses_what_it_cannot_score(registered, tmp_path, capsys):
         main(["evaluate", "--bootstrap", "-1"])
     assert exit_.value.code == 2
     assert capsys.readouterr().err.strip().endswith("argument --bootstrap: -1 is below 0; give 0 or more")
+
+
+def test_evaluate_beside_a_cross_encoder(registered, stsb_embedded, tmp_path, capsys):
+    """--cross-encoder: the cross-encoder's metrics on the same pairs, computed by hand with PairCrossEncoder, and
+    the share of its Spearman gain the model reaches. The file's labels are the cross-encoder's own scores, so that
+    it ranks them perfectly (Spearman 1) and the share has a value to check; a cross-encoder that cannot be loaded
+    is one line and exit 2, with nothing written."""
+    from sentence_transformers import CrossEncoder
+
+    from embed_lib.encoding.weights import resolve_model
+    from embed_lib.teacher.cross_encoder import PairCrossEncoder
+    from embed_lib.training.metrics import spearman
+
+    uri, model_uri = registered
+    folder = tmp_path / "ce"
+    CrossEncoder(resolve_model("minilm"), num_labels=1, device="cpu").save(str(folder))  # an untrained head
+    test = stsb_embedded.splits["test"].data
+    frame = pd.DataFrame({"a": test.sentence1[:40], "b": test.sentence2[:40]}).drop_duplicates(["a", "b"])
+    pairs = list(zip(frame["a"], frame["b"]))
+    frame["label"] = PairCrossEncoder(folder).score(pairs)  # sigmoid scores, in (0, 1)
+    holdout = tmp_path / "mine.csv"
+    frame.to_csv(holdout, index=False)
+    args = ["evaluate", "--task", str(holdout), "--text-columns", "a,b", "--label-column", "label", "--label-range",
+            "0,1", "--split", "test", "--model-uri", model_uri, "--tracking-uri", uri, "--bootstrap", "0",
+            "--out", str(tmp_path / "m.md")]
+    assert main([*args, "--cross-encoder", str(folder)]) == 0
+    r = json.loads((tmp_path / "m.json").read_text())
+    ce = r["cross_encoder"]
+    assert ce["name"] == str(folder) and ce["backend"] == "torch" and ce["pairs_per_s"] > 0
+    assert ce["metrics"]["spearman"] == pytest.approx(spearman(frame["label"].to_numpy(), frame["label"].to_numpy()))
+    assert ce["metrics"]["spearman"] == pytest.approx(1.0)
+    gain = ce["metrics"]["spearman"] - r["frozen_cosine"]["spearman"]
+    assert ce["delta"]["spearman"] == pytest.approx(gain)
+    assert ce["share_of_gain_reached"] == pytest.approx(r["delta"]["spearman"] / gain)
+    text = capsys.readouterr().out
+    assert f"Cross-encoder {folder} (torch," in text and "of the cross-encoder's Spearman gain" in text
+    (tmp_path / "m.json").unlink()
+    assert main([*args, "--cross-encoder", str(tmp_path / "gone")]) == 2
+    assert f"Could not load cross-encoder '{tmp_path / 'gone'}'" in capsys.readouterr().err
+    assert not (tmp_path / "m.json").exists()

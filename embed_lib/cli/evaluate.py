@@ -4,8 +4,10 @@ frozen cosine it anchors to.
 The model scores the pairs as the service and the pyfunc model do (the mean over its seeds, from the vectors of the
 encoder its manifest names, embedded through the cache); every metric of the task (Spearman, Pearson; for binary
 labels ROC-AUC, average precision, accuracy and F1 at the best threshold) for the model and the frozen cosine, each
-seed's Spearman delta, and a paired bootstrap interval of the Spearman delta. Writes
-results/evaluate_<task>_<split>.{md,json} (or --out).
+seed's Spearman delta, and a paired bootstrap interval of the Spearman delta. With --cross-encoder, the same metrics
+of a cross-encoder on the same pairs (a registered `models:/cross-encoder-<task>` version, a folder `python -m
+embed_lib teacher` saved, or any cross-encoder id / path), and the share of its Spearman gain over the frozen cosine
+that the model reaches. Writes results/evaluate_<task>_<split>.{md,json} (or --out).
 """
 from __future__ import annotations
 
@@ -18,10 +20,12 @@ import numpy as np
 
 from embed_lib.cli.args import add_custom_data_flags, add_data_flags
 from embed_lib.cli.values import int_at_least
-from embed_lib.config import EncoderConfig
+from embed_lib.config import BACKENDS, EncoderConfig
 from embed_lib.data.tasks import CUSTOM, SPLITS, load_task, task_names
 from embed_lib.encoding.cache import EmbeddingCache, encoder_for
 from embed_lib.report.files import write_report
+from embed_lib.teacher.cross_encoder import PairCrossEncoder
+from embed_lib.tracking.cross_encoder_registry import resolve_cross_encoder
 from embed_lib.tracking.registry import load_registered
 from embed_lib.tracking.runs import default_tracking_uri, require_store
 from embed_lib.training.metrics import cosine, evaluate, paired_bootstrap, spearman
@@ -42,6 +46,11 @@ def add_evaluate_parser(sub) -> None:
     p.add_argument("--bootstrap", type=int_at_least(0), default=1000,
                    help="resamples of the paired bootstrap of the Spearman delta (default 1000; 0: none)")
     p.add_argument("--device", default=None, help="the encoder's device: cpu, cuda, cuda:1 (default: best available)")
+    p.add_argument("--cross-encoder", default=None,
+                   help="also score the pairs with this cross-encoder, for comparison: models:/cross-encoder-<task>"
+                        "/<version> or @alias, a folder `python -m embed_lib teacher` saved, or a cross-encoder id")
+    p.add_argument("--cross-encoder-backend", choices=BACKENDS, default="torch",
+                   help="its inference backend (default torch; onnx-int8 is ~2x faster on CPU, a little less exact)")
     add_data_flags(p)
     add_custom_data_flags(p)
     p.add_argument("--out", default=None, help="results file (default: results/evaluate_<task>_<split>.md)")
@@ -101,8 +110,26 @@ def evaluation(args: argparse.Namespace) -> dict:
     out["delta"] = {k: out["model"][k] - out["frozen_cosine"][k] for k in out["model"] if not k.startswith("threshold")}
     if args.bootstrap:
         out["spearman_delta_bootstrap"] = paired_bootstrap(score, cos, y, args.bootstrap)
+    if args.cross_encoder:
+        out["cross_encoder"] = _cross_encoder(args, store, split, cos, out["model"]["spearman"])
     out["seconds"] = round(time.perf_counter() - t0, 1)
     return out
+
+
+def _cross_encoder(args: argparse.Namespace, store: str, split, cos: np.ndarray, model_spearman: float) -> dict:
+    """The cross-encoder's metrics on the split, its deltas over the frozen cosine, and the share of its Spearman
+    gain the model reaches (None where the cross-encoder gains nothing over the cosine)."""
+    t0 = time.perf_counter()
+    ce = PairCrossEncoder(resolve_cross_encoder(args.cross_encoder, store), backend=args.cross_encoder_backend,
+                          cache_root=args.cache_dir)
+    scores = ce.score(list(zip(split.sentence1, split.sentence2)))
+    seconds = time.perf_counter() - t0
+    metrics, base = evaluate(scores, split.label, split.binary), evaluate(cos, split.label, split.binary)
+    gain = metrics["spearman"] - base["spearman"]
+    return {"name": args.cross_encoder, "backend": args.cross_encoder_backend, "metrics": metrics,
+            "delta": {k: metrics[k] - base[k] for k in metrics if not k.startswith("threshold")},
+            "share_of_gain_reached": (model_spearman - base["spearman"]) / gain if gain > 0 else None,
+            "seconds": round(seconds, 1), "pairs_per_s": round(len(scores) / max(seconds, 1e-9), 1)}
 
 
 def markdown(r: dict) -> str:
@@ -120,6 +147,15 @@ def markdown(r: dict) -> str:
         b = r["spearman_delta_bootstrap"]
         lines.append(f"Spearman delta, {b['level']:.0%} paired bootstrap interval over {b['resamples']} resamples of "
                      f"the pairs: [{b['low']:+.4f}, {b['high']:+.4f}]; above 0 in {b['share_above_0']:.1%} of them.")
+    if ce := r.get("cross_encoder"):
+        share = ce["share_of_gain_reached"]
+        lines += ["", f"Cross-encoder {ce['name']} ({ce['backend']}, {ce['pairs_per_s']:,} pairs/s here, every pair "
+                      "through the transformer):", "", "| metric | cross-encoder | delta over the frozen cosine |",
+                  "|---|---|---|"]
+        lines += [f"| {k} | {ce['metrics'][k]:.4f} | {d:+.4f} |" for k, d in ce["delta"].items()]
+        lines += ["", "The model reaches " + (f"{share:.0%} of the cross-encoder's Spearman gain over the frozen "
+                                              "cosine." if share is not None else
+                                              "(no share: the cross-encoder does not beat the frozen cosine here).")]
     return "\n".join(lines) + "\n"
 
 
