@@ -141,7 +141,12 @@ def test_evaluate_beside_a_cross_encoder(registered, stsb_embedded, tmp_path, ca
     assert ce["delta"]["spearman"] == pytest.approx(gain)
     assert ce["share_of_gain_reached"] == pytest.approx(r["delta"]["spearman"] / gain)
     text = capsys.readouterr().out
-    assert f"Cross-encoder {folder} (torch," in text and "of the cross-encoder's Spearman gain" in text
+    assert f"Cross-encoder {folder} (torch," in text and "% of the cross-encoder's." in text
+    assert "model_minus_cross_encoder_bootstrap" not in ce  # --bootstrap 0
+    assert main([*args, "--cross-encoder", str(folder), "--bootstrap", "50"]) == 0
+    b = json.loads((tmp_path / "m.json").read_text())["cross_encoder"]["model_minus_cross_encoder_bootstrap"]
+    assert b["resamples"] == 50 and b["high"] <= 0 and b["share_above_0"] == 0  # nothing ranks above a perfect rank
+    assert "Model minus cross-encoder, Spearman: " in capsys.readouterr().out
     (tmp_path / "m.json").unlink()
     assert main([*args, "--cross-encoder", str(tmp_path / "gone")]) == 2
     assert f"Could not load cross-encoder '{tmp_path / 'gone'}'" in capsys.readouterr().err
