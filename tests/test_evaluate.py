@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import json
 
+import numpy as np
 import pandas as pd
 import pytest
 
@@ -151,3 +152,51 @@ def test_evaluate_beside_a_cross_encoder(registered, stsb_embedded, tmp_path, ca
     assert main([*args, "--cross-encoder", str(tmp_path / "gone")]) == 2
     assert f"Could not load cross-encoder '{tmp_path / 'gone'}'" in capsys.readouterr().err
     assert not (tmp_path / "m.json").exists()
+
+
+def test_evaluate_the_cascade_at_a_budget(registered, stsb_embedded, tmp_path, capsys):
+    """--cascade-budget B: the model's scores with the B-fraction of pairs its gate rates hardest replaced by the
+    cross-encoder's, checked by hand (the top of the ensemble's difficulty, replaced); with a cross-encoder that
+    ranks the labels perfectly, the cascade ranks better than the model. Without --cross-encoder, or past 1: exit 2
+    before a model loads."""
+    from sentence_transformers import CrossEncoder
+
+    from embed_lib.encoding.weights import resolve_model
+    from embed_lib.teacher.cross_encoder import PairCrossEncoder
+    from embed_lib.tracking.registry import load_registered
+    from embed_lib.training.export import ensemble_scores
+    from embed_lib.training.metrics import spearman
+
+    uri, model_uri = registered
+    folder = tmp_path / "ce"
+    CrossEncoder(resolve_model("minilm"), num_labels=1, device="cpu").save(str(folder))
+    test = stsb_embedded.splits["test"].data
+    frame = pd.DataFrame({"a": test.sentence1[:44], "b": test.sentence2[:44]}).drop_duplicates(["a", "b"])[:40]
+    pairs = list(zip(frame["a"], frame["b"]))
+    frame["label"] = PairCrossEncoder(folder).score(pairs)
+    holdout = tmp_path / "mine.csv"
+    frame.to_csv(holdout, index=False)
+    args = ["evaluate", "--task", str(holdout), "--text-columns", "a,b", "--label-column", "label", "--label-range",
+            "0,1", "--split", "test", "--model-uri", model_uri, "--tracking-uri", uri, "--bootstrap", "0",
+            "--out", str(tmp_path / "c.md")]
+    assert main([*args, "--cross-encoder", str(folder), "--cascade-budget", "0.25"]) == 0
+    r = json.loads((tmp_path / "c.json").read_text())
+    c = r["cascade"]
+    assert c["budget"] == 0.25 and c["routing"] == "difficulty" and c["routed"] == 10  # 0.25 x 40 pairs
+    row = {t: i for i, t in enumerate(stsb_embedded.texts)}
+    V = stsb_embedded.vectors
+    ia, ib = [row[t] for t in frame["a"]], [row[t] for t in frame["b"]]
+    model, _, _ = load_registered(model_uri, uri)
+    out = ensemble_scores(model, V[ia], V[ib])
+    hardest = np.argsort(-out["difficulty"], kind="stable")[:10]
+    expected = np.clip(out["score"], -1, 1).astype(np.float64)
+    expected[hardest] = frame["label"].to_numpy()[hardest]
+    assert c["metrics"]["spearman"] == pytest.approx(spearman(expected, frame["label"].to_numpy()), abs=1e-6)
+    assert c["metrics"]["spearman"] > r["model"]["spearman"]
+    assert c["delta"]["spearman"] == pytest.approx(c["metrics"]["spearman"] - r["frozen_cosine"]["spearman"])
+    assert "The cascade at budget 0.25 (10 of 40 pairs routed" in capsys.readouterr().out
+    (tmp_path / "c.json").unlink()
+    for extra in (["--cascade-budget", "0.1"], ["--cross-encoder", str(folder), "--cascade-budget", "1.5"]):
+        assert main([*args, *extra]) == 2
+        assert "give a fraction in [0, 1], and the cross-encoder it routes to" in capsys.readouterr().err
+    assert not (tmp_path / "c.json").exists()

@@ -7,7 +7,9 @@ labels ROC-AUC, average precision, accuracy and F1 at the best threshold) for th
 seed's Spearman delta, and a paired bootstrap interval of the Spearman delta. With --cross-encoder, the same metrics
 of a cross-encoder on the same pairs (a registered `models:/cross-encoder-<task>` version, a folder `python -m
 embed_lib teacher` saved, or any cross-encoder id / path), and the share of its Spearman gain over the frozen cosine
-that the model reaches. Writes results/evaluate_<task>_<split>.{md,json} (or --out).
+that the model reaches; with --cascade-budget B also the served cascade's: the fraction B of the pairs the model's
+gate rates hardest re-scored by the cross-encoder (on the cosine's scale where it has a calibration), routed over the
+whole split as one request. Writes results/evaluate_<task>_<split>.{md,json} (or --out).
 """
 from __future__ import annotations
 
@@ -19,7 +21,7 @@ import mlflow
 import numpy as np
 
 from embed_lib.cli.args import add_custom_data_flags, add_data_flags
-from embed_lib.cli.values import int_at_least
+from embed_lib.cli.values import float_above, int_at_least
 from embed_lib.config import BACKENDS, EncoderConfig
 from embed_lib.data.tasks import CUSTOM, SPLITS, load_task, task_names
 from embed_lib.encoding.cache import EmbeddingCache, encoder_for
@@ -28,6 +30,8 @@ from embed_lib.teacher.cross_encoder import PairCrossEncoder
 from embed_lib.tracking.cross_encoder_registry import resolve_cross_encoder
 from embed_lib.tracking.registry import load_registered
 from embed_lib.tracking.runs import default_tracking_uri, require_store
+from embed_lib.training.cascade import mix, route
+from embed_lib.training.export import ensemble_scores
 from embed_lib.training.metrics import cosine, evaluate, paired_bootstrap, spearman
 from embed_lib.training.retrieval import seed_scores
 
@@ -51,6 +55,9 @@ def add_evaluate_parser(sub) -> None:
                         "/<version> or @alias, a folder `python -m embed_lib teacher` saved, or a cross-encoder id")
     p.add_argument("--cross-encoder-backend", choices=BACKENDS, default="torch",
                    help="its inference backend (default torch; onnx-int8 is ~2x faster on CPU, a little less exact)")
+    p.add_argument("--cascade-budget", type=float_above(0, inclusive=True), default=None, metavar="B",
+                   help="also the served cascade: the fraction B (0-1) of the pairs the model's gate rates hardest "
+                        "re-scored by --cross-encoder (the service's default budget is 0.1)")
     add_data_flags(p)
     add_custom_data_flags(p)
     p.add_argument("--out", default=None, help="results file (default: results/evaluate_<task>_<split>.md)")
@@ -58,6 +65,9 @@ def add_evaluate_parser(sub) -> None:
 
 
 def _split(args: argparse.Namespace):
+    if args.cascade_budget is not None and (not args.cross_encoder or args.cascade_budget > 1):
+        raise ValueError(f"--cascade-budget {args.cascade_budget:g}: give a fraction in [0, 1], and the cross-encoder "
+                         "it routes to with --cross-encoder.")
     if args.task == "all":
         raise ValueError("evaluate scores one task: give --task a task name or a pair file, not 'all'.")
     has = [s for s in SPLITS if s in CUSTOM[args.task][1]] if args.task in CUSTOM else SPLITS
@@ -88,8 +98,8 @@ def evaluation(args: argparse.Namespace) -> dict:
     t0 = time.perf_counter()
     store = require_store(args.tracking_uri or default_tracking_uri())
     pinned, version = _pinned(args.model_uri, store)
+    split = _split(args)  # the flags checked before a model loads
     model, config, manifest = load_registered(pinned, store)
-    split = _split(args)
     texts = split.texts()
     row = {t: i for i, t in enumerate(texts)}
     V = _vectors(manifest, texts, args)
@@ -107,33 +117,54 @@ def evaluation(args: argparse.Namespace) -> dict:
            "frozen_cosine": evaluate(cos, y, split.binary),
            "model": evaluate(score, y, split.binary),
            "seed_spearman_deltas": seed_deltas}
-    out["delta"] = {k: out["model"][k] - out["frozen_cosine"][k] for k in out["model"] if not k.startswith("threshold")}
+    out["delta"] = _deltas(out["model"], out["frozen_cosine"])
     if args.bootstrap:
         out["spearman_delta_bootstrap"] = paired_bootstrap(score, cos, y, args.bootstrap)
     if args.cross_encoder:
-        out["cross_encoder"] = _cross_encoder(args, store, split, cos, score)
+        out["cross_encoder"], ce_scores = _cross_encoder(args, store, split, out["frozen_cosine"], score)
+        if args.cascade_budget is not None:
+            difficulty = ensemble_scores(model, V[ia], V[ib])["difficulty"]  # the gate's, as the service routes by it
+            out["cascade"] = _cascade(args.cascade_budget, score, difficulty, ce_scores, out["frozen_cosine"], split)
     out["seconds"] = round(time.perf_counter() - t0, 1)
     return out
 
 
-def _cross_encoder(args: argparse.Namespace, store: str, split, cos: np.ndarray, score: np.ndarray) -> dict:
-    """The cross-encoder's metrics on the split, its deltas over the frozen cosine, the model's Spearman gain over the
-    cosine as a share of the cross-encoder's (None where the cross-encoder gains nothing), and with --bootstrap a
-    paired interval of the model's Spearman minus the cross-encoder's."""
+def _deltas(metrics: dict, base: dict) -> dict:
+    """metrics minus the frozen cosine's `base`, metric by metric (not the thresholds)."""
+    return {k: metrics[k] - base[k] for k in metrics if not k.startswith("threshold")}
+
+
+def _cross_encoder(args: argparse.Namespace, store: str, split, base: dict,
+                   score: np.ndarray) -> tuple[dict, np.ndarray]:
+    """(figures, the cross-encoder's scores of the pairs). The figures: its metrics on the split, their deltas over
+    the frozen cosine's (`base`), the model's Spearman gain over the cosine as a share of the cross-encoder's (None
+    where the cross-encoder gains nothing), and with --bootstrap a paired interval of the model's Spearman minus the
+    cross-encoder's."""
     t0 = time.perf_counter()
     ce = PairCrossEncoder(resolve_cross_encoder(args.cross_encoder, store), backend=args.cross_encoder_backend,
                           cache_root=args.cache_dir)
     scores = ce.score(list(zip(split.sentence1, split.sentence2)))
     seconds = time.perf_counter() - t0
-    metrics, base = evaluate(scores, split.label, split.binary), evaluate(cos, split.label, split.binary)
+    metrics = evaluate(scores, split.label, split.binary)
     gain, model_gain = metrics["spearman"] - base["spearman"], spearman(score, split.label) - base["spearman"]
     out = {"name": args.cross_encoder, "backend": args.cross_encoder_backend, "metrics": metrics,
-           "delta": {k: metrics[k] - base[k] for k in metrics if not k.startswith("threshold")},
+           "delta": _deltas(metrics, base),
            "share_of_gain_reached": model_gain / gain if gain > 0 else None,
            "seconds": round(seconds, 1), "pairs_per_s": round(len(scores) / max(seconds, 1e-9), 1)}
     if args.bootstrap:
         out["model_minus_cross_encoder_bootstrap"] = paired_bootstrap(score, scores, split.label, args.bootstrap)
-    return out
+    return out, scores
+
+
+def _cascade(budget: float, score: np.ndarray, difficulty: np.ndarray, ce_scores: np.ndarray, base: dict,
+             split) -> dict:
+    """The served cascade at `budget` over the whole split: the model's scores (clipped to [-1, 1], as served) with
+    the pairs its gate rates hardest replaced by the cross-encoder's."""
+    routed = route(budget, "difficulty", difficulty=difficulty, seed=0)
+    scores = mix(np.clip(score, -1.0, 1.0), ce_scores, routed)
+    metrics = evaluate(scores, split.label, split.binary)
+    return {"budget": budget, "routing": "difficulty", "routed": len(routed), "metrics": metrics,
+            "delta": _deltas(metrics, base)}
 
 
 def markdown(r: dict) -> str:
@@ -164,6 +195,11 @@ def markdown(r: dict) -> str:
             lines.append(f"Model minus cross-encoder, Spearman: {diff:+.4f}; {b['level']:.0%} paired bootstrap "
                          f"interval [{b['low']:+.4f}, {b['high']:+.4f}], above 0 in {b['share_above_0']:.1%} of the "
                          "resamples.")
+    if c := r.get("cascade"):
+        lines += ["", f"The cascade at budget {c['budget']:g} ({c['routed']:,} of {r['pairs']:,} pairs routed to the "
+                      "cross-encoder by the gate's difficulty, over the split as one request):", "",
+                  "| metric | cascade | delta over the frozen cosine |", "|---|---|---|"]
+        lines += [f"| {k} | {c['metrics'][k]:.4f} | {d:+.4f} |" for k, d in c["delta"].items()]
     return "\n".join(lines) + "\n"
 
 
