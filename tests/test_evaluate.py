@@ -114,6 +114,7 @@ def test_evaluate_beside_a_cross_encoder(registered, stsb_embedded, tmp_path, ca
     the share of its Spearman gain the model reaches. The file's labels are the cross-encoder's own scores, so that
     it ranks them perfectly (Spearman 1) and the share has a value to check; a cross-encoder that cannot be loaded
     is one line and exit 2, with nothing written."""
+    import torch
     from sentence_transformers import CrossEncoder
 
     from embed_lib.encoding.weights import resolve_model
@@ -122,7 +123,8 @@ def test_evaluate_beside_a_cross_encoder(registered, stsb_embedded, tmp_path, ca
 
     uri, model_uri = registered
     folder = tmp_path / "ce"
-    CrossEncoder(resolve_model("minilm"), num_labels=1, device="cpu").save(str(folder))  # an untrained head
+    torch.manual_seed(0)  # the untrained head's weights: the same labels every run
+    CrossEncoder(resolve_model("minilm"), num_labels=1, device="cpu").save(str(folder))
     test = stsb_embedded.splits["test"].data
     frame = pd.DataFrame({"a": test.sentence1[:40], "b": test.sentence2[:40]}).drop_duplicates(["a", "b"])
     pairs = list(zip(frame["a"], frame["b"]))
@@ -157,8 +159,9 @@ def test_evaluate_beside_a_cross_encoder(registered, stsb_embedded, tmp_path, ca
 def test_evaluate_the_cascade_at_a_budget(registered, stsb_embedded, tmp_path, capsys):
     """--cascade-budget B: the model's scores with the B-fraction of pairs its gate rates hardest replaced by the
     cross-encoder's, checked by hand (the top of the ensemble's difficulty, replaced); with a cross-encoder that
-    ranks the labels perfectly, the cascade ranks better than the model. Without --cross-encoder, or past 1: exit 2
-    before a model loads."""
+    ranks the labels perfectly, budget 1 ranks them perfectly too, and budget 0 is the model. Without
+    --cross-encoder, or past 1: exit 2 before a model loads."""
+    import torch
     from sentence_transformers import CrossEncoder
 
     from embed_lib.encoding.weights import resolve_model
@@ -169,6 +172,7 @@ def test_evaluate_the_cascade_at_a_budget(registered, stsb_embedded, tmp_path, c
 
     uri, model_uri = registered
     folder = tmp_path / "ce"
+    torch.manual_seed(0)  # the untrained head's weights: the same labels every run
     CrossEncoder(resolve_model("minilm"), num_labels=1, device="cpu").save(str(folder))
     test = stsb_embedded.splits["test"].data
     frame = pd.DataFrame({"a": test.sentence1[:44], "b": test.sentence2[:44]}).drop_duplicates(["a", "b"])[:40]
@@ -192,9 +196,12 @@ def test_evaluate_the_cascade_at_a_budget(registered, stsb_embedded, tmp_path, c
     expected = np.clip(out["score"], -1, 1).astype(np.float64)
     expected[hardest] = frame["label"].to_numpy()[hardest]
     assert c["metrics"]["spearman"] == pytest.approx(spearman(expected, frame["label"].to_numpy()), abs=1e-6)
-    assert c["metrics"]["spearman"] > r["model"]["spearman"]
     assert c["delta"]["spearman"] == pytest.approx(c["metrics"]["spearman"] - r["frozen_cosine"]["spearman"])
     assert "The cascade at budget 0.25 (10 of 40 pairs routed" in capsys.readouterr().out
+    for budget, spearman_at in (("0", r["model"]["spearman"]), ("1", 1.0)):  # nothing routed; every pair routed
+        assert main([*args, "--cross-encoder", str(folder), "--cascade-budget", budget]) == 0
+        c = json.loads((tmp_path / "c.json").read_text())["cascade"]
+        assert c["routed"] == (40 if budget == "1" else 0) and c["metrics"]["spearman"] == pytest.approx(spearman_at)
     (tmp_path / "c.json").unlink()
     for extra in (["--cascade-budget", "0.1"], ["--cross-encoder", str(folder), "--cascade-budget", "1.5"]):
         assert main([*args, *extra]) == 2
