@@ -207,3 +207,52 @@ def test_evaluate_the_cascade_at_a_budget(registered, stsb_embedded, tmp_path, c
         assert main([*args, *extra]) == 2
         assert "give a fraction in [0, 1], and the cross-encoder it routes to" in capsys.readouterr().err
     assert not (tmp_path / "c.json").exists()
+
+
+def test_the_cascade_of_a_model_without_a_gate_routes_by_the_cosine_middle(stsb_embedded, tmp_path):
+    """An ungated adapter has no difficulty to route by: the cascade routes as the service does for it, the pairs whose
+    frozen cosine is nearest the middle (the cross-encoder's calibrated median; without a calibration, as here, the
+    pairs' own median), checked by hand."""
+    import mlflow
+    import torch
+    from sentence_transformers import CrossEncoder
+
+    from embed_lib.config import AdapterConfig
+    from embed_lib.encoding.cache import EmbeddedSplit, EmbeddedTask
+    from embed_lib.encoding.weights import resolve_model
+    from embed_lib.teacher.cross_encoder import PairCrossEncoder
+    from embed_lib.tracking.registry import load_registered, log_adapter_model
+    from embed_lib.tracking.runs import set_experiment
+    from embed_lib.training.export import ensemble_scores
+    from embed_lib.training.metrics import cosine, spearman
+    from embed_lib.training.seed_group import train_seed_group
+    from embed_lib.training.tensors import prepare_study
+
+    keep = {"train": 200, "validation": 100, "test": 100}
+    splits = {k: EmbeddedSplit(s.data.subset(keep[k]), s.ia[: keep[k]], s.ib[: keep[k]])
+              for k, s in stsb_embedded.splits.items()}
+    data = prepare_study(EmbeddedTask("stsb", stsb_embedded.vectors, stsb_embedded.texts, splits,
+                                      stsb_embedded.manifest))
+    uri = f"sqlite:///{tmp_path / 'mlflow.db'}"
+    set_experiment("evaluate-ungated", uri)
+    cfg = AdapterConfig(adapter="pair_ungated", target="none", n_seeds=2, epochs=2, width=32, hidden=32)
+    with mlflow.start_run():
+        info = log_adapter_model(train_seed_group(cfg, data), data, registered_name="pair-residual-ungated")
+    model_uri = f"models:/pair-residual-ungated/{info.registered_model_version}"
+    torch.manual_seed(0)
+    folder = tmp_path / "ce"
+    CrossEncoder(resolve_model("minilm"), num_labels=1, device="cpu").save(str(folder))
+    assert main(["evaluate", "--task", "stsb", "--model-uri", model_uri, "--tracking-uri", uri, "--bootstrap", "0",
+                 "--cross-encoder", str(folder), "--cascade-budget", "0.2", "--out", str(tmp_path / "u.md")]) == 0
+    c = json.loads((tmp_path / "u.json").read_text())["cascade"]
+    test = stsb_embedded.splits["test"]
+    xa, xb = stsb_embedded.vectors[test.ia], stsb_embedded.vectors[test.ib]
+    cos = cosine(xa, xb)
+    k = int(0.2 * len(cos))
+    assert c["routing"] == "cosine_middle" and c["routed"] in (k, k + 1)  # the fraction rounded at random
+    nearest = np.argsort(np.abs(cos - np.median(cos)), kind="stable")[: c["routed"]]
+    model, _, _ = load_registered(model_uri, uri)
+    expected = np.clip(ensemble_scores(model, xa, xb)["score"], -1, 1).astype(np.float64)
+    pairs = list(zip(test.data.sentence1, test.data.sentence2))
+    expected[nearest] = PairCrossEncoder(folder).score([pairs[i] for i in nearest])
+    assert c["metrics"]["spearman"] == pytest.approx(spearman(expected, test.data.label), abs=1e-6)

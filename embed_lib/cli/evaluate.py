@@ -8,8 +8,9 @@ seed's Spearman delta, and a paired bootstrap interval of the Spearman delta. Wi
 of a cross-encoder on the same pairs (a registered `models:/cross-encoder-<task>` version, a folder `python -m
 embed_lib teacher` saved, or any cross-encoder id / path), and the share of its Spearman gain over the frozen cosine
 that the model reaches; with --cascade-budget B also the served cascade's: the fraction B of the pairs the model's
-gate rates hardest re-scored by the cross-encoder (on the cosine's scale where it has a calibration), routed over the
-whole split as one request. Writes results/evaluate_<task>_<split>.{md,json} (or --out).
+gate rates hardest (a model with no gate: whose cosine is nearest the middle, as the service routes it) re-scored by
+the cross-encoder (on the cosine's scale where it has a calibration), routed over the whole split as one request.
+Writes results/evaluate_<task>_<split>.{md,json} (or --out).
 """
 from __future__ import annotations
 
@@ -121,10 +122,12 @@ def evaluation(args: argparse.Namespace) -> dict:
     if args.bootstrap:
         out["spearman_delta_bootstrap"] = paired_bootstrap(score, cos, y, args.bootstrap)
     if args.cross_encoder:
-        out["cross_encoder"], ce_scores = _cross_encoder(args, store, split, out["frozen_cosine"], score)
+        out["cross_encoder"], ce_scores, calibration = _cross_encoder(args, store, split, out["frozen_cosine"], score)
         if args.cascade_budget is not None:
-            difficulty = ensemble_scores(model, V[ia], V[ib])["difficulty"]  # the gate's, as the service routes by it
-            out["cascade"] = _cascade(args.cascade_budget, score, difficulty, ce_scores, out["frozen_cosine"], split)
+            # the service's middle for cosine_middle routing: the calibration's median cosine (serving/deployments.py)
+            middle = calibration["cosine"][len(calibration["cosine"]) // 2] if calibration else None
+            out["cascade"] = _cascade(args.cascade_budget, score, ensemble_scores(model, V[ia], V[ib]), ce_scores,
+                                      middle, out["frozen_cosine"], split)
     out["seconds"] = round(time.perf_counter() - t0, 1)
     return out
 
@@ -135,11 +138,11 @@ def _deltas(metrics: dict, base: dict) -> dict:
 
 
 def _cross_encoder(args: argparse.Namespace, store: str, split, base: dict,
-                   score: np.ndarray) -> tuple[dict, np.ndarray]:
-    """(figures, the cross-encoder's scores of the pairs). The figures: its metrics on the split, their deltas over
-    the frozen cosine's (`base`), the model's Spearman gain over the cosine as a share of the cross-encoder's (None
-    where the cross-encoder gains nothing), and with --bootstrap a paired interval of the model's Spearman minus the
-    cross-encoder's."""
+                   score: np.ndarray) -> tuple[dict, np.ndarray, dict | None]:
+    """(figures, the cross-encoder's scores of the pairs, its calibration or None). The figures: its metrics on the
+    split, their deltas over the frozen cosine's (`base`), the model's Spearman gain over the cosine as a share of the
+    cross-encoder's (None where the cross-encoder gains nothing), and with --bootstrap a paired interval of the model's
+    Spearman minus the cross-encoder's."""
     t0 = time.perf_counter()
     ce = PairCrossEncoder(resolve_cross_encoder(args.cross_encoder, store), backend=args.cross_encoder_backend,
                           cache_root=args.cache_dir)
@@ -153,17 +156,20 @@ def _cross_encoder(args: argparse.Namespace, store: str, split, base: dict,
            "seconds": round(seconds, 1), "pairs_per_s": round(len(scores) / max(seconds, 1e-9), 1)}
     if args.bootstrap:
         out["model_minus_cross_encoder_bootstrap"] = paired_bootstrap(score, scores, split.label, args.bootstrap)
-    return out, scores
+    return out, scores, ce.calibration
 
 
-def _cascade(budget: float, score: np.ndarray, difficulty: np.ndarray, ce_scores: np.ndarray, base: dict,
-             split) -> dict:
-    """The served cascade at `budget` over the whole split: the model's scores (clipped to [-1, 1], as served) with
-    the pairs its gate rates hardest replaced by the cross-encoder's."""
-    routed = route(budget, "difficulty", difficulty=difficulty, seed=0)
+def _cascade(budget: float, score: np.ndarray, ensemble: dict, ce_scores: np.ndarray, middle: float | None,
+             base: dict, split) -> dict:
+    """The served cascade at `budget` over the whole split, with the service's default routing: the model's scores
+    (clipped to [-1, 1], as served) with the pairs its gate rates hardest replaced by the cross-encoder's, or for a
+    model with no gate, the pairs whose frozen cosine is nearest `middle` (`ensemble`: `ensemble_scores`)."""
+    routing = "cosine_middle" if np.isnan(ensemble["difficulty"]).any() else "difficulty"
+    routed = route(budget, routing, difficulty=ensemble["difficulty"], baseline=ensemble["baseline"], middle=middle,
+                   seed=0)
     scores = mix(np.clip(score, -1.0, 1.0), ce_scores, routed)
     metrics = evaluate(scores, split.label, split.binary)
-    return {"budget": budget, "routing": "difficulty", "routed": len(routed), "metrics": metrics,
+    return {"budget": budget, "routing": routing, "routed": len(routed), "metrics": metrics,
             "delta": _deltas(metrics, base)}
 
 
@@ -196,8 +202,9 @@ def markdown(r: dict) -> str:
                          f"interval [{b['low']:+.4f}, {b['high']:+.4f}], above 0 in {b['share_above_0']:.1%} of the "
                          "resamples.")
     if c := r.get("cascade"):
+        how = "the gate's difficulty" if c["routing"] == "difficulty" else "the cosine's closeness to its middle"
         lines += ["", f"The cascade at budget {c['budget']:g} ({c['routed']:,} of {r['pairs']:,} pairs routed to the "
-                      "cross-encoder by the gate's difficulty, over the split as one request):", "",
+                      f"cross-encoder by {how}, over the split as one request):", "",
                   "| metric | cascade | delta over the frozen cosine |", "|---|---|---|"]
         lines += [f"| {k} | {c['metrics'][k]:.4f} | {d:+.4f} |" for k, d in c["delta"].items()]
     return "\n".join(lines) + "\n"
