@@ -11,29 +11,48 @@ import pytest
 from embed_lib.cli.parser import main
 
 
-@pytest.fixture(scope="module")
-def registered(stsb_embedded, tmp_path_factory):
-    """(tracking URI, model URI) of a tiny pair_gated group trained on part of STS-B train."""
+def _register(stsb_embedded, uri: str, cfg, name: str, keep: dict[str, int]) -> str:
+    """The model URI of `cfg`'s seed group trained on the first `keep` pairs of each STS-B split, registered as `name`
+    in a real MLflow store at `uri`."""
     import mlflow
 
-    from embed_lib.config import AdapterConfig
     from embed_lib.encoding.cache import EmbeddedSplit, EmbeddedTask
     from embed_lib.tracking.registry import log_adapter_model
     from embed_lib.tracking.runs import set_experiment
     from embed_lib.training.seed_group import train_seed_group
     from embed_lib.training.tensors import prepare_study
 
-    keep = {"train": 400, "validation": 150, "test": 150}
     splits = {k: EmbeddedSplit(s.data.subset(keep[k]), s.ia[: keep[k]], s.ib[: keep[k]])
               for k, s in stsb_embedded.splits.items()}
     data = prepare_study(EmbeddedTask("stsb", stsb_embedded.vectors, stsb_embedded.texts, splits,
                                       stsb_embedded.manifest))
-    uri = f"sqlite:///{tmp_path_factory.mktemp('evaluate') / 'mlflow.db'}"
-    set_experiment("evaluate-tests", uri)
-    cfg = AdapterConfig(adapter="pair_gated", target="lexical", n_seeds=3, epochs=3, width=32, hidden=32)
+    set_experiment(f"evaluate-{name}", uri)
     with mlflow.start_run():
-        info = log_adapter_model(train_seed_group(cfg, data), data, registered_name="pair-residual-eval")
-    return uri, f"models:/pair-residual-eval/{info.registered_model_version}"
+        info = log_adapter_model(train_seed_group(cfg, data), data, registered_name=name)
+    return f"models:/{name}/{info.registered_model_version}"
+
+
+def _untrained_cross_encoder(folder):
+    """A cross-encoder of MiniLM with a seeded, untrained head, saved at `folder`: the same scores every run."""
+    import torch
+    from sentence_transformers import CrossEncoder
+
+    from embed_lib.encoding.weights import resolve_model
+
+    torch.manual_seed(0)
+    CrossEncoder(resolve_model("minilm"), num_labels=1, device="cpu").save(str(folder))
+    return folder
+
+
+@pytest.fixture(scope="module")
+def registered(stsb_embedded, tmp_path_factory):
+    """(tracking URI, model URI) of a tiny pair_gated group trained on part of STS-B train."""
+    from embed_lib.config import AdapterConfig
+
+    uri = f"sqlite:///{tmp_path_factory.mktemp('evaluate') / 'mlflow.db'}"
+    cfg = AdapterConfig(adapter="pair_gated", target="lexical", n_seeds=3, epochs=3, width=32, hidden=32)
+    return uri, _register(stsb_embedded, uri, cfg, "pair-residual-eval", {"train": 400, "validation": 150,
+                                                                          "test": 150})
 
 
 def test_evaluate_scores_the_registered_model_as_served_beside_the_frozen_cosine(registered, stsb_embedded, tmp_path,
@@ -114,17 +133,11 @@ def test_evaluate_beside_a_cross_encoder(registered, stsb_embedded, tmp_path, ca
     the share of its Spearman gain the model reaches. The file's labels are the cross-encoder's own scores, so that
     it ranks them perfectly (Spearman 1) and the share has a value to check; a cross-encoder that cannot be loaded
     is one line and exit 2, with nothing written."""
-    import torch
-    from sentence_transformers import CrossEncoder
-
-    from embed_lib.encoding.weights import resolve_model
     from embed_lib.teacher.cross_encoder import PairCrossEncoder
     from embed_lib.training.metrics import spearman
 
     uri, model_uri = registered
-    folder = tmp_path / "ce"
-    torch.manual_seed(0)  # the untrained head's weights: the same labels every run
-    CrossEncoder(resolve_model("minilm"), num_labels=1, device="cpu").save(str(folder))
+    folder = _untrained_cross_encoder(tmp_path / "ce")
     test = stsb_embedded.splits["test"].data
     frame = pd.DataFrame({"a": test.sentence1[:40], "b": test.sentence2[:40]}).drop_duplicates(["a", "b"])
     pairs = list(zip(frame["a"], frame["b"]))
@@ -161,19 +174,13 @@ def test_evaluate_the_cascade_at_a_budget(registered, stsb_embedded, tmp_path, c
     cross-encoder's, checked by hand (the top of the ensemble's difficulty, replaced); with a cross-encoder that
     ranks the labels perfectly, budget 1 ranks them perfectly too, and budget 0 is the model. Without
     --cross-encoder, or past 1: exit 2 before a model loads."""
-    import torch
-    from sentence_transformers import CrossEncoder
-
-    from embed_lib.encoding.weights import resolve_model
     from embed_lib.teacher.cross_encoder import PairCrossEncoder
     from embed_lib.tracking.registry import load_registered
     from embed_lib.training.export import ensemble_scores
     from embed_lib.training.metrics import spearman
 
     uri, model_uri = registered
-    folder = tmp_path / "ce"
-    torch.manual_seed(0)  # the untrained head's weights: the same labels every run
-    CrossEncoder(resolve_model("minilm"), num_labels=1, device="cpu").save(str(folder))
+    folder = _untrained_cross_encoder(tmp_path / "ce")
     test = stsb_embedded.splits["test"].data
     frame = pd.DataFrame({"a": test.sentence1[:44], "b": test.sentence2[:44]}).drop_duplicates(["a", "b"])[:40]
     pairs = list(zip(frame["a"], frame["b"]))
@@ -213,35 +220,17 @@ def test_the_cascade_of_a_model_without_a_gate_routes_by_the_cosine_middle(stsb_
     """An ungated adapter has no difficulty to route by: the cascade routes as the service does for it, the pairs whose
     frozen cosine is nearest the middle (the cross-encoder's calibrated median; without a calibration, as here, the
     pairs' own median), checked by hand."""
-    import mlflow
-    import torch
-    from sentence_transformers import CrossEncoder
-
     from embed_lib.config import AdapterConfig
-    from embed_lib.encoding.cache import EmbeddedSplit, EmbeddedTask
-    from embed_lib.encoding.weights import resolve_model
     from embed_lib.teacher.cross_encoder import PairCrossEncoder
-    from embed_lib.tracking.registry import load_registered, log_adapter_model
-    from embed_lib.tracking.runs import set_experiment
+    from embed_lib.tracking.registry import load_registered
     from embed_lib.training.export import ensemble_scores
     from embed_lib.training.metrics import cosine, spearman
-    from embed_lib.training.seed_group import train_seed_group
-    from embed_lib.training.tensors import prepare_study
 
-    keep = {"train": 200, "validation": 100, "test": 100}
-    splits = {k: EmbeddedSplit(s.data.subset(keep[k]), s.ia[: keep[k]], s.ib[: keep[k]])
-              for k, s in stsb_embedded.splits.items()}
-    data = prepare_study(EmbeddedTask("stsb", stsb_embedded.vectors, stsb_embedded.texts, splits,
-                                      stsb_embedded.manifest))
     uri = f"sqlite:///{tmp_path / 'mlflow.db'}"
-    set_experiment("evaluate-ungated", uri)
     cfg = AdapterConfig(adapter="pair_ungated", target="none", n_seeds=2, epochs=2, width=32, hidden=32)
-    with mlflow.start_run():
-        info = log_adapter_model(train_seed_group(cfg, data), data, registered_name="pair-residual-ungated")
-    model_uri = f"models:/pair-residual-ungated/{info.registered_model_version}"
-    torch.manual_seed(0)
-    folder = tmp_path / "ce"
-    CrossEncoder(resolve_model("minilm"), num_labels=1, device="cpu").save(str(folder))
+    model_uri = _register(stsb_embedded, uri, cfg, "pair-residual-ungated", {"train": 200, "validation": 100,
+                                                                             "test": 100})
+    folder = _untrained_cross_encoder(tmp_path / "ce")
     assert main(["evaluate", "--task", "stsb", "--model-uri", model_uri, "--tracking-uri", uri, "--bootstrap", "0",
                  "--cross-encoder", str(folder), "--cascade-budget", "0.2", "--out", str(tmp_path / "u.md")]) == 0
     c = json.loads((tmp_path / "u.json").read_text())["cascade"]
