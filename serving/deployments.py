@@ -179,7 +179,7 @@ class CrossEncoderBatches:
     def info(self) -> dict[str, Any]:
         rec, cal = self.ce.record, self.ce.calibration
         return {"name": self.name, "backend": self.ce.backend, "placement": self.placement, "calibrated": bool(cal),
-                "middle": cal["cosine"][len(cal["cosine"]) // 2] if cal else None,
+                "middle": self.ce.middle,
                 **{k: rec[k] for k in ("teacher_key", "test_spearman", "validation_spearman", "recipe") if k in rec}}
 
     def _score_requests(self, requests: list[list[tuple[str, str]]]) -> list[np.ndarray]:

@@ -56,8 +56,11 @@ def test_calibration_maps_logits_onto_the_cosine_scale_keeping_order():
 def test_a_served_teacher_scores_on_the_cosine_scale(served):
     splits, s0, _, folder, record = served
     val = splits["validation"]
-    scores = PairCrossEncoder(folder).score(list(zip(val.sentence1, val.sentence2)))
+    ce = PairCrossEncoder(folder)
+    scores = ce.score(list(zip(val.sentence1, val.sentence2)))
     assert scores.min() >= s0["validation"].min() - 1e-6 and scores.max() <= s0["validation"].max() + 1e-6
+    # the cascade's default middle: the median of the calibration's 101 cosine quantiles, the validation median
+    assert ce.middle == record["calibration"]["cosine"][50] == pytest.approx(np.median(s0["validation"]))
 
 
 def test_registered_as_cross_encoder_of_the_task(served, tmp_path):

@@ -122,10 +122,8 @@ def evaluation(args: argparse.Namespace) -> dict:
     if args.bootstrap:
         out["spearman_delta_bootstrap"] = paired_bootstrap(score, cos, y, args.bootstrap)
     if args.cross_encoder:
-        out["cross_encoder"], ce_scores, calibration = _cross_encoder(args, store, split, out["frozen_cosine"], score)
+        out["cross_encoder"], ce_scores, middle = _cross_encoder(args, store, split, out["frozen_cosine"], score)
         if args.cascade_budget is not None:
-            # the service's middle for cosine_middle routing: the calibration's median cosine (serving/deployments.py)
-            middle = calibration["cosine"][len(calibration["cosine"]) // 2] if calibration else None
             out["cascade"] = _cascade(args.cascade_budget, score, ensemble_scores(model, V[ia], V[ib]), ce_scores,
                                       middle, out["frozen_cosine"], split)
     out["seconds"] = round(time.perf_counter() - t0, 1)
@@ -138,11 +136,11 @@ def _deltas(metrics: dict, base: dict) -> dict:
 
 
 def _cross_encoder(args: argparse.Namespace, store: str, split, base: dict,
-                   score: np.ndarray) -> tuple[dict, np.ndarray, dict | None]:
-    """(figures, the cross-encoder's scores of the pairs, its calibration or None). The figures: its metrics on the
-    split, their deltas over the frozen cosine's (`base`), the model's Spearman gain over the cosine as a share of the
-    cross-encoder's (None where the cross-encoder gains nothing), and with --bootstrap a paired interval of the model's
-    Spearman minus the cross-encoder's."""
+                   score: np.ndarray) -> tuple[dict, np.ndarray, float | None]:
+    """(figures, the cross-encoder's scores of the pairs, its `middle` for cosine_middle routing). The figures: its
+    metrics on the split, their deltas over the frozen cosine's (`base`), the model's Spearman gain over the cosine as
+    a share of the cross-encoder's (None where the cross-encoder gains nothing), and with --bootstrap a paired
+    interval of the model's Spearman minus the cross-encoder's."""
     t0 = time.perf_counter()
     ce = PairCrossEncoder(resolve_cross_encoder(args.cross_encoder, store), backend=args.cross_encoder_backend,
                           cache_root=args.cache_dir)
@@ -156,7 +154,7 @@ def _cross_encoder(args: argparse.Namespace, store: str, split, base: dict,
            "seconds": round(seconds, 1), "pairs_per_s": round(len(scores) / max(seconds, 1e-9), 1)}
     if args.bootstrap:
         out["model_minus_cross_encoder_bootstrap"] = paired_bootstrap(score, scores, split.label, args.bootstrap)
-    return out, scores, ce.calibration
+    return out, scores, ce.middle
 
 
 def _cascade(budget: float, score: np.ndarray, ensemble: dict, ce_scores: np.ndarray, middle: float | None,

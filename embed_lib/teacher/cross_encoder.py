@@ -161,6 +161,13 @@ class PairCrossEncoder:
             out = (out + self._logits_one_order([[b, a] for a, b in pairs])) / 2
         return out
 
+    @property
+    def middle(self) -> float | None:
+        """The middle of the cosine's scale, as the calibration saw it (its median validation cosine), where a
+        cascade routes `cosine_middle` by default; None without a calibration (a request's own median then)."""
+        cal = self.calibration
+        return cal["cosine"][len(cal["cosine"]) // 2] if cal else None
+
     def to_score(self, z: np.ndarray) -> np.ndarray:
         """Logits -> scores: on the frozen cosine's scale when the folder has a calibration, else sigmoid."""
         if self.calibration:
