@@ -30,6 +30,9 @@ from starlette.types import ASGIApp, Message, Receive, Scope, Send
 from serving.errors import ApiError, api_error_response
 
 Handler = Callable[[Any], Awaitable[Any]]
+#: what a 413 tells the client to do, by the option whose limit the body passed
+ADVICE = {"max_body_bytes": "Send fewer or shorter texts per request.",
+          "max_warm_body_bytes": "Send the texts in several smaller requests (or jobs)."}
 
 
 class HotRouteTable:
@@ -53,10 +56,8 @@ class HotRouteTable:
         if path not in self.limits or size <= self.limits[path][0]:
             return None
         limit, option = self.limits[path]
-        fix = ("Send the texts in several smaller requests (or jobs)." if path.startswith("/v1/warm") else
-               "Send fewer or shorter texts per request.")
         return ApiError(413, f"The request body has {size} bytes{'' if declared else ' or more'}; the limit is "
-                             f"{limit} ({option}). {fix}", "body")
+                             f"{limit} ({option}). {ADVICE.get(option, ADVICE['max_body_bytes'])}", "body")
 
 
 def replica_table() -> HotRouteTable | None:
