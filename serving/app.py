@@ -161,7 +161,7 @@ class Ingress:
             except RoutingError as exc:
                 raise ApiError(422, str(exc), "routing") from None
             info = {**{k: v for k, v in cascade.items() if k != "seed"}, "routed": int(len(routed)),
-                    "cross_encoder": self.args.cross_encoder}
+                    "familiarity": float(out["novelty"].mean()), "cross_encoder": self.args.cross_encoder}
         to_ce = set(routed.tolist())
         # whole arrays to Python floats at once: per-pair numpy calls cost ~0.2 ms of a ~1.7 ms 32-pair request
         rows = zip(np.clip(scores, -1.0, 1.0).tolist(), out["baseline"].tolist(), out["difficulty"].tolist())
@@ -175,11 +175,8 @@ class Ingress:
         """Similarity of each pair (`pairs`, or vLLM's `text_1` / `text_2`), with the frozen cosine as `baseline`."""
         check_requested_model(body.model, self.scorer.info)
         pairs = body.resolved_pairs(self.args.max_pairs, self.args.max_text_chars)
-        cascade = None
-        if body.cascade or body.budget is not None:
-            cascade = {"budget": self.args.cascade_budget if body.budget is None else float(body.budget),
-                       "routing": body.routing or self.scorer.default_routing(), "seed": body.routing_seed,
-                       "combine": body.combine}
+        cascade = body.cascade_options(self.args.cascade_budget, self.args.cascade_familiarity_floor,
+                                       self.scorer.default_routing())
         out = await self._guarded(self._score_pairs(pairs, body.scorer, cascade))
         for row in out["data"]:
             row["object"] = "score"
@@ -269,7 +266,8 @@ class Ingress:
         return {"data": [{**info, "ingress": ingress(), "hot_routes": self.hot_routes.served,
                           "embedding_cache": await self.encoder.stats.remote(), **caches,
                           "cross_encoder": (await self._cross_encoder_info()) if self.ce_score else None,
-                          "cascade_budget": a.cascade_budget, "limits": a.limits()}]}
+                          "cascade_budget": a.cascade_budget, "cascade_familiarity_floor": a.cascade_familiarity_floor,
+                          "limits": a.limits()}]}
 
 
 def build_app(args: dict[str, Any]) -> serve.Application:

@@ -5,6 +5,8 @@ from typing import Any, Literal
 
 from pydantic import BaseModel, ConfigDict, Field, ValidationError, model_validator
 
+from embed_lib.training.cascade import FAMILIARITY_FLOOR
+
 
 #: the default ceiling of a warm body (max_warm_body_bytes): 256 MiB, about 100,000 texts of 2,000 ASCII characters
 WARM_BODY_CAP = 256 * 1024 * 1024
@@ -78,6 +80,11 @@ class AppArgs(BaseModel):
         "it), or a deployment of its own (scales apart from the ingress, can sit on a GPU node; every call is a hop)")
     cascade_budget: float = Field(0.1, ge=0, le=1, description="default fraction of a cascade request's pairs sent to "
                                   "the cross-encoder (a request may set its own `budget`)")
+    cascade_familiarity_floor: float = Field(
+        FAMILIARITY_FLOOR, ge=0, le=1, description="default least mean novelty-gate weight of a cascade request's "
+        "pairs for any to go to the cross-encoder: an unfamiliar request (off the adapter's training data, where the "
+        "cross-encoder harmed) is scored by the adapter alone; 0 routes every request (a request may set its own "
+        "`familiarity_floor`; embed_lib.training.cascade)")
     encoder: Replicas = Replicas(min=1, max=2, num_cpus=0.5)
     ingress: Replicas = Replicas(min=1, max=2, num_cpus=0.5)
     ingress_target_cpu: float = Field(0.5, gt=0, le=8, description="share of one core an ingress replica uses on "

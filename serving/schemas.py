@@ -88,6 +88,9 @@ class ScoreRequest(BaseModel):
                           "random subset (random), or the cosines nearest the middle (cosine_middle). Default: "
                           "difficulty when the served adapter has a gate, else cosine_middle (the response says which)")
     routing_seed: StrictInt = Field(0, description="cascade: seed of random routing and of the budget's rounding")
+    familiarity_floor: StrictFloat | None = Field(
+        None, ge=0, le=1, description="cascade: route pairs only when the mean novelty-gate weight of the request's "
+        "pairs is at least this (default: the app's cascade_familiarity_floor); 0 routes whatever the pairs")
     combine: Literal["replace", "mean"] = Field("replace", description="cascade: a routed pair's score is the "
                                                 "cross-encoder's (replace) or the mean of it and the adapter's (mean)")
     scorer: Literal["adapter", "cross_encoder"] = "adapter"
@@ -95,6 +98,16 @@ class ScoreRequest(BaseModel):
     encoding_format: StrictStr | None = Field(None, description="accepted for vLLM clients; ignored")
     truncate_prompt_tokens: StrictInt | None = Field(None, description="accepted for vLLM clients; texts are "
                                                      "truncated at the encoder's max_seq_length")
+
+    def cascade_options(self, budget: float, familiarity_floor: float, routing: str) -> dict | None:
+        """The cascade this request asks for ({budget, routing, seed, combine, familiarity_floor}: what it sets,
+        else the app's defaults given here), None for none."""
+        if not self.cascade and self.budget is None:
+            return None
+        return {"budget": budget if self.budget is None else float(self.budget), "routing": self.routing or routing,
+                "seed": self.routing_seed, "combine": self.combine,
+                "familiarity_floor": float(familiarity_floor if self.familiarity_floor is None
+                                           else self.familiarity_floor)}
 
     def resolved_pairs(self, max_pairs: int, max_chars: int) -> list[tuple[str, str]]:
         if self.pairs is not None and (self.text_1 is not None or self.text_2 is not None):
@@ -194,6 +207,9 @@ class CascadeInfo(BaseModel):
     routing: str
     combine: str
     routed: int = Field(description="pairs the cross-encoder scored")
+    familiarity_floor: float = Field(description="the least mean novelty-gate weight for the cascade to route")
+    familiarity: float | None = Field(None, description="the request's mean novelty-gate weight (1: as familiar as "
+                                      "the adapter's training pairs); under familiarity_floor nothing is routed")
     cross_encoder: str | None = None
 
 

@@ -116,21 +116,21 @@ class PairScorer:
         return found
 
     def score_vectors(self, pairs: Sequence[tuple[str, str]], vectors: dict[str, np.ndarray]) -> dict[str, np.ndarray]:
-        """{'score', 'baseline', 'difficulty'} (n,) each, for pairs whose texts are all in `vectors`.
+        """{'score', 'baseline', 'difficulty', 'novelty'} (n,) each, for pairs whose texts are all in `vectors`.
         Synchronous: one model scores the whole request even while a swap waits. Cosines (the frozen
         baseline, a per-sentence form's score) and the residual's score are clipped to [-1, 1]."""
         model, projected, fused = self.model, self.projected, self.fused
         if model is None:
             raise RuntimeError("No model loaded yet.")
         if not pairs:
-            return {k: np.zeros(0, np.float32) for k in ("score", "baseline", "difficulty")}
+            return {k: np.zeros(0, np.float32) for k in ("score", "baseline", "difficulty", "novelty")}
         a, b = [p[0] for p in pairs], [p[1] for p in pairs]
         xa, xb = gather(vectors, a), gather(vectors, b)
         h = projections(model, projected, a + b, vectors)
         ha, hb = (None, None) if h is None else (gather(h, a, axis=1), gather(h, b, axis=1))  # (S, n, width)
         out = fused.scores(xa, xb, ha, hb) if fused is not None else ensemble_scores(model, xa, xb, ha, hb)
         return {"score": np.clip(out["score"], -1.0, 1.0), "baseline": np.clip(out["baseline"], -1.0, 1.0),
-                "difficulty": out["difficulty"]}
+                "difficulty": out["difficulty"], "novelty": out["novelty"]}
 
     async def score(self, pairs: Sequence[tuple[str, str]], source: VectorSource) -> dict[str, np.ndarray]:
         """Fetch what is missing, then score (see `score_vectors`)."""
@@ -153,11 +153,13 @@ class RoutingError(ValueError):
 async def cascade_scores(pairs: Sequence[tuple[str, str]], out: dict[str, np.ndarray], cascade: dict[str, Any],
                          middle: float | None, cross_encoder: Callable[[list], Awaitable[np.ndarray]]
                          ) -> tuple[np.ndarray, np.ndarray]:
-    """(scores, routed): the adapter's scores `out` with the pairs routed at cascade's budget / routing / seed
-    (embed_lib.training.cascade.route) re-scored by `cross_encoder`. RoutingError for a policy the model cannot serve."""
+    """(scores, routed): the adapter's scores `out` with the pairs routed at cascade's budget / routing / seed /
+    familiarity_floor (embed_lib.training.cascade.route) re-scored by `cross_encoder`. RoutingError for a policy the
+    model cannot serve."""
     try:
         routed = route(cascade["budget"], cascade["routing"], difficulty=out["difficulty"], baseline=out["baseline"],
-                       middle=middle, seed=cascade["seed"])
+                       middle=middle, seed=cascade["seed"], novelty=out["novelty"],
+                       familiarity_floor=cascade.get("familiarity_floor", 0.0))
     except ValueError as exc:  # the request's routing, not a failure of the cross-encoder
         raise RoutingError(str(exc)) from None
     scores = out["score"].astype(np.float64)

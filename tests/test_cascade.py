@@ -6,7 +6,7 @@ import asyncio
 import numpy as np
 import pytest
 
-from embed_lib.training.cascade import mix, n_routed, route
+from embed_lib.training.cascade import FAMILIARITY_FLOOR, mix, n_routed, route
 
 ADAPTER = np.array([0.1, 0.2, 0.3, 0.4, 0.5, 0.6])
 CE = np.array([0.9, 0.8, 0.7, 0.6, 0.5, 0.4])
@@ -45,6 +45,18 @@ def test_budget_rounding_meets_the_budget_on_average():
     assert n_routed(10, 0.5, rng) == 5 and n_routed(10, 1.0, rng) == 10
 
 
+@pytest.mark.parametrize("policy", ["difficulty", "random", "cosine_middle"])
+def test_an_unfamiliar_request_routes_nothing_and_a_familiar_one_routes_as_before(policy):
+    kw = dict(difficulty=DIFFICULTY, baseline=BASELINE, seed=3)
+    plain = route(0.5, policy, **kw)
+    assert len(plain) == 3
+    familiar = np.array([1.0, 0.0, 0.0, 0.0, 0.0, 0.5])  # mean 0.25
+    assert route(0.5, policy, novelty=familiar, familiarity_floor=0.25, **kw).tolist() == plain.tolist()
+    assert route(0.5, policy, novelty=familiar, familiarity_floor=0.26, **kw).tolist() == []
+    assert route(0.5, policy, novelty=np.zeros(6), familiarity_floor=0.0, **kw).tolist() == plain.tolist()  # 0: off
+    assert route(0.5, policy, familiarity_floor=0.9, **kw).tolist() == plain.tolist()  # no novelty gate: no floor
+
+
 def test_bad_routing_inputs_are_named():
     with pytest.raises(ValueError, match=r"budget=1.5 must lie in \[0, 1\]"):
         route(1.5, "random", n=4)
@@ -52,6 +64,10 @@ def test_bad_routing_inputs_are_named():
         route(0.5, "best", n=4)
     with pytest.raises(ValueError, match="needs the adapter's difficulty.*no gate"):
         route(0.5, "difficulty", difficulty=np.full(4, np.nan))
+    with pytest.raises(ValueError, match="needs the adapter's difficulty.*no gate"):  # held back or not
+        route(0.5, "difficulty", difficulty=np.full(4, np.nan), novelty=np.zeros(4), familiarity_floor=0.5)
+    with pytest.raises(ValueError, match=r"familiarity_floor=1.5 must lie in \[0, 1\]"):
+        route(0.5, "random", n=4, familiarity_floor=1.5)
 
 
 class _Handle:
@@ -106,6 +122,67 @@ def test_the_service_cascade_routes_by_budget_and_says_which_path_scored():
     assert [r["score"] for r in every["data"]] == pytest.approx([0.99 - 0.01 * len(a) for a, _ in PAIRS])
 
 
+class _TwoDomainEncoder:
+    """Stands in for the Encoder handle: texts that start with "f" point along the novelty gate's reference sentence
+    (familiar: weight 1), the others orthogonal to it (unfamiliar: weight 0)."""
+
+    def __init__(self):
+        outer = self
+
+        class _Embed:
+            def remote(self, texts):
+                async def result():
+                    return np.stack([np.array([len(t), 1, 0, 0] if t.startswith("f") else [0, 0, len(t), 1],
+                                              np.float32) for t in texts])
+                return result()
+        self.embed = _Embed()
+
+
+def test_the_service_cascade_holds_back_an_unfamiliar_request():
+    import torch
+
+    from embed_lib.training.adapters import NoveltyGate, PairAdapter
+    from serving.app import Ingress
+
+    gate = NoveltyGate(torch.tensor([[3.0, 1.0, 0.0, 0.0]]), lo=0.5, hi=0.9)
+    model = PairAdapter("pair_gated", 4, [0, 1], novelty=gate).eval()
+    with torch.no_grad():
+        for p in model.parameters():
+            p.add_(torch.randn(p.shape, generator=torch.Generator().manual_seed(3)) * 0.3)
+    ce = _FakeCrossEncoder()
+    ingress = Ingress.func_or_class.__mro__[1](_TwoDomainEncoder(), ce, None, {}, None)
+    ingress.scorer.set_model(model, {"name": "m", "version": "1"})
+    familiar = [("fa", "fbb"), ("fccc", "fd"), ("fee", "ff"), ("fg", "fhhhh")]
+    unfamiliar = [("a", "bb"), ("ccc", "d"), ("ee", "ffff"), ("g", "hh")]
+    cascade = {"budget": 0.5, "routing": "difficulty", "seed": 0, "familiarity_floor": 0.05}
+
+    out = asyncio.run(ingress._score_pairs(familiar, cascade=cascade))
+    assert out["cascade"]["routed"] == 2 and out["cascade"]["familiarity"] == pytest.approx(1.0)
+    assert out["cascade"]["familiarity_floor"] == 0.05 and len(ce.calls) == 1
+    plain = asyncio.run(ingress._score_pairs(unfamiliar))
+    held = asyncio.run(ingress._score_pairs(unfamiliar, cascade=cascade))
+    assert held["cascade"]["routed"] == 0 and held["cascade"]["familiarity"] == 0.0 and len(ce.calls) == 1
+    assert {r["path"] for r in held["data"]} == {"adapter"}
+    # the adapter itself is back on the frozen cosine there, and so is the cascade
+    assert [r["score"] for r in held["data"]] == [r["score"] for r in plain["data"]] == [r["baseline"] for r in
+                                                                                       plain["data"]]
+    off = asyncio.run(ingress._score_pairs(unfamiliar, cascade={**cascade, "familiarity_floor": 0.0}))
+    assert off["cascade"]["routed"] == 2 and len(ce.calls) == 2  # floor 0: routed whatever the pairs
+
+
+def test_a_request_sets_its_own_familiarity_floor_else_the_apps():
+    from serving.args import AppArgs
+    from serving.schemas import ScoreRequest
+
+    default = AppArgs.model_fields["cascade_familiarity_floor"].default
+    assert default == FAMILIARITY_FLOOR
+    own = ScoreRequest(pairs=[["a", "b"]], budget=0.2, familiarity_floor=0.0).cascade_options(0.1, default, "random")
+    assert own == {"budget": 0.2, "routing": "random", "seed": 0, "combine": "replace", "familiarity_floor": 0.0}
+    assert ScoreRequest(pairs=[["a", "b"]], cascade=True).cascade_options(0.1, 0.3, "difficulty")[
+        "familiarity_floor"] == 0.3
+    assert ScoreRequest(pairs=[["a", "b"]]).cascade_options(0.1, 0.3, "difficulty") is None
+
+
 def test_cascade_refusals_name_the_option():
     from serving.errors import ApiError
 
@@ -120,7 +197,8 @@ def test_cascade_refusals_name_the_option():
 
 
 @pytest.mark.parametrize("body,field", [({"budget": 1.5}, "budget"), ({"budget": -0.1}, "budget"),
-                                        ({"budget": "0.1"}, "budget"), ({"routing": "best"}, "routing")])
+                                        ({"budget": "0.1"}, "budget"), ({"routing": "best"}, "routing"),
+                                        ({"familiarity_floor": 1.2}, "familiarity_floor")])
 def test_a_budget_outside_the_unit_interval_is_a_422(body, field):
     from fastapi import FastAPI
     from fastapi.testclient import TestClient

@@ -245,3 +245,60 @@ def test_the_cascade_of_a_model_without_a_gate_routes_by_the_cosine_middle(stsb_
     pairs = list(zip(test.data.sentence1, test.data.sentence2))
     expected[nearest] = PairCrossEncoder(folder).score([pairs[i] for i in nearest])
     assert c["metrics"]["spearman"] == pytest.approx(spearman(expected, test.data.label), abs=1e-6)
+
+
+def test_the_cascade_routes_nothing_of_an_unfamiliar_request_as_served(stsb_embedded, tmp_path, capsys):
+    """A model with a novelty gate: the cascade routes none of a request's pairs where their mean novelty-gate weight
+    is under --cascade-familiarity-floor. Over the split as one request, a floor just above the split's mean weight
+    routes nothing (the cascade is the model) and one just below routes the budget; in requests of 100 pairs
+    (--cascade-request-pairs), with the floor halfway between the least and the most familiar request's mean, exactly
+    the requests at or above it route their hardest fifth, checked by hand. A floor past 1: exit 2."""
+    from embed_lib.config import AdapterConfig
+    from embed_lib.teacher.cross_encoder import PairCrossEncoder
+    from embed_lib.tracking.registry import load_registered
+    from embed_lib.training.cascade import n_routed
+    from embed_lib.training.export import ensemble_scores
+    from embed_lib.training.metrics import spearman
+
+    uri = f"sqlite:///{tmp_path / 'mlflow.db'}"
+    cfg = AdapterConfig(adapter="pair_gated", target="lexical", n_seeds=2, epochs=2, width=32, hidden=32,
+                        novelty_quantile=0.5)
+    model_uri = _register(stsb_embedded, uri, cfg, "pair-residual-novelty", {"train": 400, "validation": 100,
+                                                                             "test": 100})
+    folder = _untrained_cross_encoder(tmp_path / "ce")
+    test = stsb_embedded.splits["test"]
+    xa, xb = stsb_embedded.vectors[test.ia], stsb_embedded.vectors[test.ib]
+    model, _, _ = load_registered(model_uri, uri)
+    out = ensemble_scores(model, xa, xb)
+    w, y = out["novelty"].astype(np.float64), test.data.label
+    assert 0 < w.mean() < 1 and model.novelty is not None  # some pairs familiar, some not: the checks can fail
+    args = ["evaluate", "--task", "stsb", "--model-uri", model_uri, "--tracking-uri", uri, "--bootstrap", "0",
+            "--cross-encoder", str(folder), "--cascade-budget", "0.2", "--out", str(tmp_path / "f.md")]
+
+    def cascade(*extra):
+        assert main([*args, *extra]) == 0
+        return json.loads((tmp_path / "f.json").read_text())
+
+    r = cascade("--cascade-familiarity-floor", f"{min(1.0, w.mean() + 0.01):.6f}")
+    assert r["cascade"]["routed"] == 0 and r["cascade"]["familiarity"] == pytest.approx(w.mean(), abs=1e-6)
+    assert r["cascade"]["metrics"]["spearman"] == pytest.approx(r["model"]["spearman"])
+    assert cascade("--cascade-familiarity-floor", f"{w.mean() - 0.01:.6f}")["cascade"]["routed"] in (
+        int(0.2 * len(y)), int(0.2 * len(y)) + 1)
+    blocks = [np.arange(i, min(i + 100, len(y))) for i in range(0, len(y), 100)]
+    means = [w[b].mean() for b in blocks]  # STS-B test's captions come first: their requests are the familiar ones
+    floor = (min(means) + max(means)) / 2
+    c = cascade("--cascade-familiarity-floor", f"{floor:.6f}", "--cascade-request-pairs", "100")["cascade"]
+    kept = [b for b in blocks if w[b].mean() >= float(f"{floor:.6f}")]
+    # each request's fifth, its fraction rounded at random as the service rounds it (seed 0; 79 pairs: 16)
+    routed = np.sort(np.concatenate([b[np.argsort(-out["difficulty"][b], kind="stable")[
+        : n_routed(len(b), 0.2, np.random.default_rng(0))]] for b in kept]))
+    assert 0 < len(kept) < len(blocks) and c["routed"] == len(routed) and c["request_pairs"] == 100
+    expected = np.clip(out["score"], -1, 1).astype(np.float64)
+    pairs = list(zip(test.data.sentence1, test.data.sentence2))
+    expected[routed] = PairCrossEncoder(folder).score([pairs[i] for i in routed])
+    assert c["metrics"]["spearman"] == pytest.approx(spearman(expected, y), abs=1e-6)
+    assert "in requests of 100 pairs; the pairs' mean novelty-gate weight" in capsys.readouterr().out
+    (tmp_path / "f.json").unlink()
+    assert main([*args, "--cascade-familiarity-floor", "1.5"]) == 2
+    assert "--cascade-familiarity-floor 1.5: give a weight in [0, 1]" in capsys.readouterr().err
+    assert not (tmp_path / "f.json").exists()

@@ -56,6 +56,15 @@ def test_fused_scores_equal_the_training_modules_ensemble(form, control, novelty
         assert np.isnan(fused["difficulty"]).all() and np.isnan(ref["difficulty"]).all()
     else:
         np.testing.assert_allclose(fused["difficulty"], ref["difficulty"], rtol=0, atol=1e-6)
+    np.testing.assert_allclose(fused["novelty"], ref["novelty"], rtol=0, atol=1e-6)
+    if novelty:  # the weight the cascade's familiarity floor reads: by hand, from the gate's familiarity
+        gate = _model(form, control, novelty, learn_p).novelty
+        fa, fb = (gate.familiarity(torch.from_numpy(x)).numpy() for x in (xa, xb))
+        lo, hi = gate.bounds.tolist()
+        np.testing.assert_allclose(ref["novelty"], np.clip((np.minimum(fa, fb) - lo) / (hi - lo), 0, 1), atol=1e-6)
+        assert 0 < ref["novelty"].mean() < 1  # some pairs familiar, some not: the check can fail
+    else:
+        assert (fused["novelty"] == 1).all() and (ref["novelty"] == 1).all()
     assert all(v.dtype == np.float32 and v.shape == (N,) for v in fused.values())
 
 

@@ -335,6 +335,7 @@ def test_a_served_cross_encoder_scores_concurrent_requests_like_the_library(serv
 
     from embed_lib.teacher.cross_encoder import PairCrossEncoder
     from embed_lib.encoding.weights import resolve_model
+    from embed_lib.training.cascade import FAMILIARITY_FLOOR
     from serving.app import build_app
 
     torch.manual_seed(0)
@@ -360,6 +361,9 @@ def test_a_served_cross_encoder_scores_concurrent_requests_like_the_library(serv
             expected = reference.score([tuple(p) for p in body["pairs"]])
             assert [d["score"] for d in r.json()["data"]] == pytest.approx(expected.tolist(), abs=1e-5)
             assert {d["path"] for d in r.json()["data"]} == {"cross_encoder"}
+            if "budget" in body:  # an adapter without a novelty gate: every request familiar, none held back
+                assert r.json()["cascade"]["familiarity"] == 1.0 and r.json()["cascade"]["familiarity_floor"] == (
+                    info["cascade_familiarity_floor"]) == FAMILIARITY_FLOOR
         # the one ingress replica answered all of them past FastAPI's routing, under the app's route prefix
         (info,) = requests.get(served["url"] + "/cascade/v1/models", timeout=30).json()["data"]
         assert info["hot_routes"] == {"/v1/score": 12, "/v1/rerank": 0, "/v2/rerank": 0, "/rerank": 0}

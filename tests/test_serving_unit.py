@@ -132,7 +132,8 @@ def test_pair_scorer_answers_no_pairs_with_empty_arrays():
     from serving.scorer import PairScorer
 
     out = PairScorer(_model(), {"name": "m"}).score_vectors([], {})
-    assert {k: v.shape for k, v in out.items()} == {"score": (0,), "baseline": (0,), "difficulty": (0,)}
+    assert {k: v.shape for k, v in out.items()} == {"score": (0,), "baseline": (0,), "difficulty": (0,),
+                                                  "novelty": (0,)}
 
 
 def test_scores_and_baselines_never_leave_the_unit_interval():

@@ -9,7 +9,9 @@ of a cross-encoder on the same pairs (a registered `models:/cross-encoder-<task>
 embed_lib teacher` saved, or any cross-encoder id / path), and the share of its Spearman gain over the frozen cosine
 that the model reaches; with --cascade-budget B also the served cascade's: the fraction B of the pairs the model's
 gate rates hardest (a model with no gate: whose cosine is nearest the middle, as the service routes it) re-scored by
-the cross-encoder (on the cosine's scale where it has a calibration), routed over the whole split as one request.
+the cross-encoder (on the cosine's scale where it has a calibration), routed over the whole split as one request or
+in requests of --cascade-request-pairs pairs; a request whose mean novelty-gate weight is under the familiarity floor
+routes nothing, as served (embed_lib.training.cascade).
 Writes results/evaluate_<task>_<split>.{md,json} (or --out).
 """
 from __future__ import annotations
@@ -31,7 +33,7 @@ from embed_lib.teacher.cross_encoder import PairCrossEncoder
 from embed_lib.tracking.cross_encoder_registry import resolve_cross_encoder
 from embed_lib.tracking.registry import load_registered
 from embed_lib.tracking.runs import default_tracking_uri, require_store
-from embed_lib.training.cascade import mix, route
+from embed_lib.training.cascade import FAMILIARITY_FLOOR, mix, route
 from embed_lib.training.export import ensemble_scores
 from embed_lib.training.metrics import cosine, evaluate, paired_bootstrap, spearman
 from embed_lib.training.retrieval import seed_scores
@@ -59,6 +61,12 @@ def add_evaluate_parser(sub) -> None:
     p.add_argument("--cascade-budget", type=float_above(0, inclusive=True), default=None, metavar="B",
                    help="also the served cascade: the fraction B (0-1) of the pairs the model's gate rates hardest "
                         "re-scored by --cross-encoder (the service's default budget is 0.1)")
+    p.add_argument("--cascade-familiarity-floor", type=float_above(0, inclusive=True), default=FAMILIARITY_FLOOR,
+                   metavar="F", help="the cascade routes none of a request's pairs where their mean novelty-gate "
+                                     f"weight is under F (0-1; default {FAMILIARITY_FLOOR:g}, the service's; 0: off)")
+    p.add_argument("--cascade-request-pairs", type=int_at_least(1), default=None, metavar="N",
+                   help="route the cascade in requests of N pairs, in the split's order, as the service routes each "
+                        "request (default: the whole split as one request)")
     add_data_flags(p)
     add_custom_data_flags(p)
     p.add_argument("--out", default=None, help="results file (default: results/evaluate_<task>_<split>.md)")
@@ -69,6 +77,8 @@ def _split(args: argparse.Namespace):
     if args.cascade_budget is not None and (not args.cross_encoder or args.cascade_budget > 1):
         raise ValueError(f"--cascade-budget {args.cascade_budget:g}: give a fraction in [0, 1], and the cross-encoder "
                          "it routes to with --cross-encoder.")
+    if args.cascade_familiarity_floor > 1:
+        raise ValueError(f"--cascade-familiarity-floor {args.cascade_familiarity_floor:g}: give a weight in [0, 1].")
     if args.task == "all":
         raise ValueError("evaluate scores one task: give --task a task name or a pair file, not 'all'.")
     has = [s for s in SPLITS if s in CUSTOM[args.task][1]] if args.task in CUSTOM else SPLITS
@@ -124,8 +134,8 @@ def evaluation(args: argparse.Namespace) -> dict:
     if args.cross_encoder:
         out["cross_encoder"], ce_scores, middle = _cross_encoder(args, store, split, out["frozen_cosine"], score)
         if args.cascade_budget is not None:
-            out["cascade"] = _cascade(args.cascade_budget, score, ensemble_scores(model, V[ia], V[ib]), ce_scores,
-                                      middle, out["frozen_cosine"], split)
+            out["cascade"] = _cascade(args, score, ensemble_scores(model, V[ia], V[ib]), ce_scores, middle,
+                                      out["frozen_cosine"], split)
     out["seconds"] = round(time.perf_counter() - t0, 1)
     return out
 
@@ -157,18 +167,23 @@ def _cross_encoder(args: argparse.Namespace, store: str, split, base: dict,
     return out, scores, ce.middle
 
 
-def _cascade(budget: float, score: np.ndarray, ensemble: dict, ce_scores: np.ndarray, middle: float | None,
+def _cascade(args: argparse.Namespace, score: np.ndarray, ensemble: dict, ce_scores: np.ndarray, middle: float | None,
              base: dict, split) -> dict:
-    """The served cascade at `budget` over the whole split, with the service's default routing: the model's scores
-    (clipped to [-1, 1], as served) with the pairs its gate rates hardest replaced by the cross-encoder's, or for a
-    model with no gate, the pairs whose frozen cosine is nearest `middle` (`ensemble`: `ensemble_scores`)."""
+    """The served cascade at --cascade-budget with the service's default routing, over the whole split or in requests
+    of --cascade-request-pairs: the model's scores (clipped to [-1, 1], as served) with the pairs its gate rates
+    hardest replaced by the cross-encoder's, or for a model with no gate, the pairs whose frozen cosine is nearest
+    `middle`; nothing of a request under the familiarity floor (`ensemble`: `ensemble_scores`)."""
     routing = "cosine_middle" if np.isnan(ensemble["difficulty"]).any() else "difficulty"
-    routed = route(budget, routing, difficulty=ensemble["difficulty"], baseline=ensemble["baseline"], middle=middle,
-                   seed=0)
+    n, size = len(score), args.cascade_request_pairs or max(len(score), 1)
+    routed = np.concatenate([np.zeros(0, np.int64)] + [
+        i + route(args.cascade_budget, routing, seed=0, middle=middle, familiarity_floor=args.cascade_familiarity_floor,
+                  **{k: ensemble[k][i: i + size] for k in ("difficulty", "baseline", "novelty")})
+        for i in range(0, n, size)])
     scores = mix(np.clip(score, -1.0, 1.0), ce_scores, routed)
     metrics = evaluate(scores, split.label, split.binary)
-    return {"budget": budget, "routing": routing, "routed": len(routed), "metrics": metrics,
-            "delta": _deltas(metrics, base)}
+    return {"budget": args.cascade_budget, "routing": routing, "routed": len(routed), "request_pairs": size,
+            "familiarity_floor": args.cascade_familiarity_floor, "familiarity": float(ensemble["novelty"].mean()),
+            "metrics": metrics, "delta": _deltas(metrics, base)}
 
 
 def markdown(r: dict) -> str:
@@ -201,8 +216,11 @@ def markdown(r: dict) -> str:
                          "resamples.")
     if c := r.get("cascade"):
         how = "the gate's difficulty" if c["routing"] == "difficulty" else "the cosine's closeness to its middle"
+        where = ("over the split as one request" if c["request_pairs"] >= r["pairs"] else
+                 f"in requests of {c['request_pairs']} pairs")
         lines += ["", f"The cascade at budget {c['budget']:g} ({c['routed']:,} of {r['pairs']:,} pairs routed to the "
-                      f"cross-encoder by {how}, over the split as one request):", "",
+                      f"cross-encoder by {how}, {where}; the pairs' mean novelty-gate weight {c['familiarity']:.3f}, "
+                      f"a request under {c['familiarity_floor']:g} routes nothing):", "",
                   "| metric | cascade | delta over the frozen cosine |", "|---|---|---|"]
         lines += [f"| {k} | {c['metrics'][k]:.4f} | {d:+.4f} |" for k, d in c["delta"].items()]
     return "\n".join(lines) + "\n"

@@ -57,7 +57,8 @@ class PairAdapterModel(PythonModel):
             xb = self._encode(self._texts(model_input["sentence2"], "sentence2"))
         else:
             raise ValueError(f"Input needs columns emb_a/emb_b or sentence1/sentence2; got {list(model_input.columns)}.")
-        return pd.DataFrame(ensemble_scores(self.model, xa, xb))
+        out = ensemble_scores(self.model, xa, xb)
+        return pd.DataFrame({k: out[k] for k in ("score", "baseline", "difficulty")})  # the signature's
 
 
 mlflow.models.set_model(PairAdapterModel())

@@ -88,16 +88,20 @@ def _tensor(x: np.ndarray | torch.Tensor) -> torch.Tensor:
 def ensemble_scores(model: PairAdapter, xa: np.ndarray | torch.Tensor, xb: np.ndarray | torch.Tensor,
                     ha: np.ndarray | torch.Tensor | None = None, hb: np.ndarray | torch.Tensor | None = None
                     ) -> dict[str, np.ndarray]:
-    """Mean over seeds of score, anchor and gate for (n, d) raw vectors -> {'score', 'baseline', 'difficulty'}.
-    ha, hb: the vectors' working representations (S, n, width) from `project`, where the caller caches them."""
+    """Mean over seeds of score, anchor and gate for (n, d) raw vectors -> {'score', 'baseline', 'difficulty',
+    'novelty'}: 'novelty' the novelty gate's weight w_nov (1 for every pair of a model without one; the cascade
+    routes no pair under its floor). ha, hb: the vectors' working representations (S, n, width) from `project`,
+    where the caller caches them."""
     xa, xb = _tensor(xa), _tensor(xb)
     S = len(model.seeds)
     out = model(xa.expand(S, -1, -1), xb.expand(S, -1, -1), None if ha is None else _tensor(ha),
                 None if hb is None else _tensor(hb))
     gate = out.gate if out.gate is not None else (
         (out.c_a + out.c_b) / 2 if out.c_a is not None else None)
+    n = xa.shape[0]
     return {"score": out.score.mean(0).numpy(), "baseline": out.s0.mean(0).numpy(),
-            "difficulty": gate.mean(0).numpy() if gate is not None else np.full(xa.shape[0], np.nan, np.float32)}
+            "difficulty": gate.mean(0).numpy() if gate is not None else np.full(n, np.nan, np.float32),
+            "novelty": out.novelty.mean(0).numpy() if out.novelty is not None else np.ones(n, np.float32)}
 
 
 @torch.no_grad()

@@ -56,7 +56,7 @@ class FusedEnsemble:
     @torch.inference_mode()
     def scores(self, xa: np.ndarray, xb: np.ndarray, ha: np.ndarray, hb: np.ndarray) -> dict[str, np.ndarray]:
         """xa, xb (n, d) raw vectors; ha, hb (S, n, width [+ 1]) their `project`ions -> {'score', 'baseline',
-        'difficulty'} (n,) each, as `ensemble_scores` returns them."""
+        'difficulty', 'novelty'} (n,) each, as `ensemble_scores` returns them."""
         s0 = self.anchor(xa, xb)  # (n,), or (S, n) for a learned p
         ha, hb = np.asarray(ha, np.float32), np.asarray(hb, np.float32)
         w = None
@@ -84,7 +84,8 @@ class FusedEnsemble:
         difficulty = (gate.mean(0) if gate is not None else
                       np.full(n, 0.5, np.float32) if self.constant_gate else np.full(n, np.nan, np.float32))
         return {"score": score.astype(np.float32, copy=False), "baseline": baseline.astype(np.float32, copy=False),
-                "difficulty": difficulty.astype(np.float32, copy=False)}
+                "difficulty": difficulty.astype(np.float32, copy=False),
+                "novelty": w.mean(0) if w is not None else np.ones(n, np.float32)}
 
     def anchor(self, xa: np.ndarray, xb: np.ndarray) -> np.ndarray:
         """`sim_p` of the raw vectors in numpy: float64, then float32; at p = 1 `metrics.cosine` to the bit."""
