@@ -58,7 +58,7 @@ class PairAdapterModel(PythonModel):
         else:
             raise ValueError(f"Input needs columns emb_a/emb_b or sentence1/sentence2; got {list(model_input.columns)}.")
         out = ensemble_scores(self.model, xa, xb)
-        return pd.DataFrame({k: out[k] for k in ("score", "baseline", "difficulty")})  # the signature's
+        return pd.DataFrame({k: out[k] for k in ("score", "baseline", "difficulty")})  # the signature's outputs
 
 
 mlflow.models.set_model(PairAdapterModel())
