@@ -11,10 +11,10 @@ For each task (the model's own and the transfer tasks) on `--split` (default val
 every pair as served (the seeds' mean, clipped to [-1, 1]) and the cross-encoder scores every pair once. Then for each
 candidate floor the cascade at `--budget` routes by the service's default policy (the gate's difficulty; cosine_middle
 for an ungated model): over the split as one request (as `evaluate --cascade-budget` does by default), and in requests
-of 8 and of 32 pairs (as the service routes them) drawn in `--orders` seeded orders of the split. The rule: a floor is
-admissible when the cascade's Spearman delta over the frozen cosine on every transfer task, in every one of those
-passes, is >= -tolerance (0.001, the winner rule's); the lowest admissible floor wins (it routes the most pairs the
-rule allows, and so keeps the most of what the cross-encoder adds where it helps).
+of 8 and of 32 pairs (as the service routes them, each seeded by its pairs) drawn in `--orders` seeded orders of the
+split. The rule: a floor is admissible when the cascade's Spearman delta over the frozen cosine on every transfer
+task, in every one of those passes, is >= -tolerance (0.001, the winner rule's); the lowest admissible floor wins (it
+routes the most pairs the rule allows, and so keeps the most of what the cross-encoder adds where it helps).
 
     python benchmarks/cascade_familiarity_floor.py [--model-uri models:/pair-residual-stsb@champion]
         [--cross-encoder models:/cross-encoder-stsb@current] [--tasks stsb,mrpc,qqp,paws] [--split validation]
@@ -41,7 +41,7 @@ from embed_lib.teacher.cross_encoder import PairCrossEncoder
 from embed_lib.tracking.cross_encoder_registry import resolve_cross_encoder
 from embed_lib.tracking.registry import load_registered
 from embed_lib.tracking.runs import default_tracking_uri, require_store
-from embed_lib.training.cascade import mix, route
+from embed_lib.training.cascade import mix, pairs_seed, route
 from embed_lib.training.export import ensemble_scores
 from embed_lib.training.metrics import spearman
 from embed_lib.training.selection import TRANSFER_TOLERANCE
@@ -49,11 +49,12 @@ from embed_lib.training.selection import TRANSFER_TOLERANCE
 REQUESTS = (8, 32)  # pairs per request of the served-like passes (32: serve_bench's c8x32 cell)
 
 
-def routed_in_requests(out: dict, order: np.ndarray, size: int, budget: float, routing: str, middle: float | None,
-                       floor: float) -> np.ndarray:
-    """Indices (sorted) the service routes when the pairs come in requests of `size` pairs in `order`."""
+def routed_in_requests(out: dict, pairs: list, order: np.ndarray, size: int, budget: float, routing: str,
+                       middle: float | None, floor: float) -> np.ndarray:
+    """Indices (sorted) the service routes when the pairs come in requests of `size` pairs in `order`, each seeded by
+    its pairs as the service seeds a request that names no routing_seed."""
     parts = [c[route(budget, routing, difficulty=out["difficulty"][c], baseline=out["baseline"][c], middle=middle,
-                     novelty=out["novelty"][c], familiarity_floor=floor)]
+                     novelty=out["novelty"][c], familiarity_floor=floor, seed=pairs_seed([pairs[i] for i in c]))]
              for c in (order[i: i + size] for i in range(0, len(order), size))]
     return np.sort(np.concatenate(parts)) if parts else np.zeros(0, np.int64)
 
@@ -67,7 +68,8 @@ def task_figures(task: str, split_name: str, model, manifest, ce: PairCrossEncod
     ia, ib = (np.array([row[t] for t in side], dtype=np.int64) for side in (split.sentence1, split.sentence2))
     out = ensemble_scores(model, V[ia], V[ib])
     score, y = np.clip(out["score"].astype(np.float64), -1.0, 1.0), split.label
-    ce_scores = np.asarray(ce.score(list(zip(split.sentence1, split.sentence2))), dtype=np.float64)
+    pairs = list(zip(split.sentence1, split.sentence2))
+    ce_scores = np.asarray(ce.score(pairs), dtype=np.float64)
     base = spearman(out["baseline"], y)
     routing = "cosine_middle" if np.isnan(out["difficulty"]).any() else "difficulty"
 
@@ -77,10 +79,10 @@ def task_figures(task: str, split_name: str, model, manifest, ce: PairCrossEncod
     per_floor = {}
     for f in floors:
         whole = route(budget, routing, difficulty=out["difficulty"], baseline=out["baseline"], middle=ce.middle,
-                      novelty=out["novelty"], familiarity_floor=f)
+                      novelty=out["novelty"], familiarity_floor=f, seed=pairs_seed(pairs))
         passes = {"split": {"routed": int(len(whole)), "delta": delta(whole), "worst": delta(whole)}}
         for size in REQUESTS:
-            runs = [routed_in_requests(out, np.random.default_rng(o).permutation(len(y)), size, budget, routing,
+            runs = [routed_in_requests(out, pairs, np.random.default_rng(o).permutation(len(y)), size, budget, routing,
                                        ce.middle, f) for o in range(orders)]
             d = [delta(r) for r in runs]
             passes[f"requests_of_{size}"] = {"routed": float(np.mean([len(r) for r in runs])),

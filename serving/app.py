@@ -176,7 +176,7 @@ class Ingress:
         check_requested_model(body.model, self.scorer.info)
         pairs = body.resolved_pairs(self.args.max_pairs, self.args.max_text_chars)
         cascade = body.cascade_options(self.args.cascade_budget, self.args.cascade_familiarity_floor,
-                                       self.scorer.default_routing())
+                                       self.scorer.default_routing(), pairs)
         out = await self._guarded(self._score_pairs(pairs, body.scorer, cascade))
         for row in out["data"]:
             row["object"] = "score"

@@ -13,6 +13,7 @@ from typing import Callable, Literal
 
 from pydantic import BaseModel, ConfigDict, Field, StrictBool, StrictFloat, StrictInt, StrictStr
 
+from embed_lib.training.cascade import pairs_seed
 from serving.errors import ApiError
 
 #: C0 and C1 control characters other than tab, newline and carriage return
@@ -87,7 +88,10 @@ class ScoreRequest(BaseModel):
         None, description="cascade: which pairs go to the cross-encoder: the gate's hardest (difficulty), a seeded "
                           "random subset (random), or the cosines nearest the middle (cosine_middle). Default: "
                           "difficulty when the served adapter has a gate, else cosine_middle (the response says which)")
-    routing_seed: StrictInt = Field(0, description="cascade: seed of random routing and of the budget's rounding")
+    routing_seed: StrictInt | None = Field(
+        None, ge=0, description="cascade: seed of random routing and of the budget's rounding (default: one derived "
+        "from the request's pairs, so the same request routes the same way and a budget that is not a whole number "
+        "of pairs is met on average over requests)")
     familiarity_floor: StrictFloat | None = Field(
         None, ge=0, le=1, description="cascade: route pairs only when the mean novelty-gate weight of the request's "
         "pairs is at least this (default: the app's cascade_familiarity_floor); 0 routes whatever the pairs")
@@ -99,13 +103,14 @@ class ScoreRequest(BaseModel):
     truncate_prompt_tokens: StrictInt | None = Field(None, description="accepted for vLLM clients; texts are "
                                                      "truncated at the encoder's max_seq_length")
 
-    def cascade_options(self, budget: float, familiarity_floor: float, routing: str) -> dict | None:
+    def cascade_options(self, budget: float, familiarity_floor: float, routing: str,
+                        pairs: list[tuple[str, str]]) -> dict | None:
         """The cascade this request asks for ({budget, routing, seed, combine, familiarity_floor}: what it sets,
-        else the app's defaults given here), None for none."""
+        else the app's defaults given here, and a seed derived from its `pairs`), None for none."""
         if not self.cascade and self.budget is None:
             return None
         return {"budget": budget if self.budget is None else float(self.budget), "routing": self.routing or routing,
-                "seed": self.routing_seed, "combine": self.combine,
+                "seed": pairs_seed(pairs) if self.routing_seed is None else self.routing_seed, "combine": self.combine,
                 "familiarity_floor": float(familiarity_floor if self.familiarity_floor is None
                                            else self.familiarity_floor)}
 

@@ -6,7 +6,7 @@ import asyncio
 import numpy as np
 import pytest
 
-from embed_lib.training.cascade import FAMILIARITY_FLOOR, mix, n_routed, route
+from embed_lib.training.cascade import FAMILIARITY_FLOOR, mix, n_routed, pairs_seed, route
 
 ADAPTER = np.array([0.1, 0.2, 0.3, 0.4, 0.5, 0.6])
 CE = np.array([0.9, 0.8, 0.7, 0.6, 0.5, 0.4])
@@ -127,7 +127,6 @@ class _TwoDomainEncoder:
     (familiar: weight 1), the others orthogonal to it (unfamiliar: weight 0)."""
 
     def __init__(self):
-        outer = self
 
         class _Embed:
             def remote(self, texts):
@@ -176,11 +175,29 @@ def test_a_request_sets_its_own_familiarity_floor_else_the_apps():
 
     default = AppArgs.model_fields["cascade_familiarity_floor"].default
     assert default == FAMILIARITY_FLOOR
-    own = ScoreRequest(pairs=[["a", "b"]], budget=0.2, familiarity_floor=0.0).cascade_options(0.1, default, "random")
-    assert own == {"budget": 0.2, "routing": "random", "seed": 0, "combine": "replace", "familiarity_floor": 0.0}
-    assert ScoreRequest(pairs=[["a", "b"]], cascade=True).cascade_options(0.1, 0.3, "difficulty")[
+    pairs = [("a", "b")]
+    own = ScoreRequest(pairs=pairs, budget=0.2, familiarity_floor=0.0, routing_seed=7).cascade_options(
+        0.1, default, "random", pairs)
+    assert own == {"budget": 0.2, "routing": "random", "seed": 7, "combine": "replace", "familiarity_floor": 0.0}
+    assert ScoreRequest(pairs=pairs, cascade=True).cascade_options(0.1, 0.3, "difficulty", pairs)[
         "familiarity_floor"] == 0.3
-    assert ScoreRequest(pairs=[["a", "b"]]).cascade_options(0.1, 0.3, "difficulty") is None
+    assert ScoreRequest(pairs=pairs).cascade_options(0.1, 0.3, "difficulty", pairs) is None
+
+
+def test_the_default_routing_seed_follows_the_pairs_so_small_requests_meet_the_budget_on_average():
+    """Without routing_seed, the seed is the pairs' hash: the same request routes the same way, and requests of one
+    pair at budget 0.1 route about a tenth of them (one fixed seed would round 0.1 the same way every time: never)."""
+    from serving.schemas import ScoreRequest
+
+    def seed(pairs):
+        return ScoreRequest(pairs=pairs, budget=0.1).cascade_options(0.1, 0.0, "random", pairs)["seed"]
+
+    assert seed([("a", "b")]) == seed([("a", "b")]) == pairs_seed([("a", "b")])
+    assert len({seed([("a", "b")]), seed([("b", "a")]), seed([("a", "b"), ("c", "d")]), seed([("a\x1fb", "")])}) == 4
+    routed = [len(route(0.1, "random", n=1, seed=seed([(f"query {i}", "document")]))) for i in range(4000)]
+    assert abs(np.mean(routed) - 0.1) < 0.015
+    assert {len(route(0.1, "random", n=1, seed=0)) for _ in range(10)} == {0}  # what a fixed seed 0 gave
+    assert pairs_seed([("\ud800", "x")]) >= 0  # a lone surrogate (valid JSON) hashes too
 
 
 def test_cascade_refusals_name_the_option():
@@ -198,7 +215,8 @@ def test_cascade_refusals_name_the_option():
 
 @pytest.mark.parametrize("body,field", [({"budget": 1.5}, "budget"), ({"budget": -0.1}, "budget"),
                                         ({"budget": "0.1"}, "budget"), ({"routing": "best"}, "routing"),
-                                        ({"familiarity_floor": 1.2}, "familiarity_floor")])
+                                        ({"familiarity_floor": 1.2}, "familiarity_floor"),
+                                        ({"routing_seed": -1}, "routing_seed")])
 def test_a_budget_outside_the_unit_interval_is_a_422(body, field):
     from fastapi import FastAPI
     from fastapi.testclient import TestClient

@@ -256,7 +256,7 @@ def test_the_cascade_routes_nothing_of_an_unfamiliar_request_as_served(stsb_embe
     from embed_lib.config import AdapterConfig
     from embed_lib.teacher.cross_encoder import PairCrossEncoder
     from embed_lib.tracking.registry import load_registered
-    from embed_lib.training.cascade import n_routed
+    from embed_lib.training.cascade import n_routed, pairs_seed
     from embed_lib.training.export import ensemble_scores
     from embed_lib.training.metrics import spearman
 
@@ -289,12 +289,12 @@ def test_the_cascade_routes_nothing_of_an_unfamiliar_request_as_served(stsb_embe
     floor = (min(means) + max(means)) / 2
     c = cascade("--cascade-familiarity-floor", f"{floor:.6f}", "--cascade-request-pairs", "100")["cascade"]
     kept = [b for b in blocks if w[b].mean() >= float(f"{floor:.6f}")]
-    # each request's fifth, its fraction rounded at random as the service rounds it (seed 0; 79 pairs: 16)
+    pairs = list(zip(test.data.sentence1, test.data.sentence2))
+    # each request's fifth; the last's 15.8 rounded at random as the service rounds it, seeded by the request's pairs
     routed = np.sort(np.concatenate([b[np.argsort(-out["difficulty"][b], kind="stable")[
-        : n_routed(len(b), 0.2, np.random.default_rng(0))]] for b in kept]))
+        : n_routed(len(b), 0.2, np.random.default_rng(pairs_seed([pairs[i] for i in b])))]] for b in kept]))
     assert 0 < len(kept) < len(blocks) and c["routed"] == len(routed) and c["request_pairs"] == 100
     expected = np.clip(out["score"], -1, 1).astype(np.float64)
-    pairs = list(zip(test.data.sentence1, test.data.sentence2))
     expected[routed] = PairCrossEncoder(folder).score([pairs[i] for i in routed])
     assert c["metrics"]["spearman"] == pytest.approx(spearman(expected, y), abs=1e-6)
     assert "in requests of 100 pairs; the pairs' mean novelty-gate weight" in capsys.readouterr().out
