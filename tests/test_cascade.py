@@ -127,7 +127,6 @@ class _TwoDomainEncoder:
     (familiar: weight 1), the others orthogonal to it (unfamiliar: weight 0)."""
 
     def __init__(self):
-
         class _Embed:
             def remote(self, texts):
                 async def result():
