@@ -41,22 +41,12 @@ from embed_lib.teacher.cross_encoder import PairCrossEncoder
 from embed_lib.tracking.cross_encoder_registry import resolve_cross_encoder
 from embed_lib.tracking.registry import load_registered
 from embed_lib.tracking.runs import default_tracking_uri, require_store
-from embed_lib.training.cascade import mix, pairs_seed, route
+from embed_lib.training.cascade import mix, route_requests
 from embed_lib.training.export import ensemble_scores
 from embed_lib.training.metrics import spearman
 from embed_lib.training.selection import TRANSFER_TOLERANCE
 
 REQUESTS = (8, 32)  # pairs per request of the served-like passes (32: serve_bench's c8x32 cell)
-
-
-def routed_in_requests(out: dict, pairs: list, order: np.ndarray, size: int, budget: float, routing: str,
-                       middle: float | None, floor: float) -> np.ndarray:
-    """Indices (sorted) the service routes when the pairs come in requests of `size` pairs in `order`, each seeded by
-    its pairs as the service seeds a request that names no routing_seed."""
-    parts = [c[route(budget, routing, difficulty=out["difficulty"][c], baseline=out["baseline"][c], middle=middle,
-                     novelty=out["novelty"][c], familiarity_floor=floor, seed=pairs_seed([pairs[i] for i in c]))]
-             for c in (order[i: i + size] for i in range(0, len(order), size))]
-    return np.sort(np.concatenate(parts)) if parts else np.zeros(0, np.int64)
 
 
 def task_figures(task: str, split_name: str, model, manifest, ce: PairCrossEncoder, budget: float,
@@ -78,12 +68,12 @@ def task_figures(task: str, split_name: str, model, manifest, ce: PairCrossEncod
 
     per_floor = {}
     for f in floors:
-        whole = route(budget, routing, difficulty=out["difficulty"], baseline=out["baseline"], middle=ce.middle,
-                      novelty=out["novelty"], familiarity_floor=f, seed=pairs_seed(pairs))
+        whole = route_requests(budget, routing, [np.arange(len(y))], pairs, out, ce.middle, f)
         passes = {"split": {"routed": int(len(whole)), "delta": delta(whole), "worst": delta(whole)}}
         for size in REQUESTS:
-            runs = [routed_in_requests(out, pairs, np.random.default_rng(o).permutation(len(y)), size, budget, routing,
-                                       ce.middle, f) for o in range(orders)]
+            runs = [route_requests(budget, routing, np.array_split(order, range(size, len(y), size)), pairs, out,
+                                   ce.middle, f)
+                    for order in (np.random.default_rng(o).permutation(len(y)) for o in range(orders))]
             d = [delta(r) for r in runs]
             passes[f"requests_of_{size}"] = {"routed": float(np.mean([len(r) for r in runs])),
                                              "delta": float(np.mean(d)), "worst": float(min(d))}

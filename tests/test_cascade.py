@@ -57,6 +57,21 @@ def test_an_unfamiliar_request_routes_nothing_and_a_familiar_one_routes_as_befor
     assert route(0.5, policy, familiarity_floor=0.9, **kw).tolist() == plain.tolist()  # no novelty gate: no floor
 
 
+def test_requests_are_routed_each_on_its_own_and_seeded_by_its_pairs():
+    from embed_lib.training.cascade import route_requests
+
+    pairs = [(f"a{i}", f"b{i}") for i in range(6)]
+    scored = {"difficulty": DIFFICULTY, "baseline": BASELINE, "novelty": np.array([1.0, 1.0, 1.0, 0.0, 0.0, 0.0])}
+    first, second = np.array([0, 1, 2]), np.array([3, 4, 5])
+    # the first request (familiar) routes its hardest of three (row 1, difficulty 0.9); the second (weight 0) nothing
+    assert route_requests(1 / 3, "difficulty", [first, second], pairs, scored, familiarity_floor=0.5).tolist() == [1]
+    # floor 0: each request its own hardest (rows 1 and 3), not the two hardest of all six
+    assert route_requests(1 / 3, "difficulty", [first, second], pairs, scored).tolist() == [1, 3]
+    half = route_requests(0.5, "random", [first, second], pairs, scored)  # 1.5 of 3 pairs: rounded per request
+    expected = [r[route(0.5, "random", n=3, seed=pairs_seed([pairs[i] for i in r]))] for r in (first, second)]
+    assert half.tolist() == sorted(np.concatenate(expected).tolist())
+
+
 def test_bad_routing_inputs_are_named():
     with pytest.raises(ValueError, match=r"budget=1.5 must lie in \[0, 1\]"):
         route(1.5, "random", n=4)

@@ -33,7 +33,7 @@ from embed_lib.teacher.cross_encoder import PairCrossEncoder
 from embed_lib.tracking.cross_encoder_registry import resolve_cross_encoder
 from embed_lib.tracking.registry import load_registered
 from embed_lib.tracking.runs import default_tracking_uri, require_store
-from embed_lib.training.cascade import FAMILIARITY_FLOOR, mix, pairs_seed, route
+from embed_lib.training.cascade import FAMILIARITY_FLOOR, mix, route_requests
 from embed_lib.training.export import ensemble_scores
 from embed_lib.training.metrics import cosine, evaluate, paired_bootstrap, spearman
 from embed_lib.training.retrieval import seed_scores
@@ -175,12 +175,9 @@ def _cascade(args: argparse.Namespace, score: np.ndarray, ensemble: dict, ce_sco
     `middle`; nothing of a request under the familiarity floor (`ensemble`: `ensemble_scores`)."""
     routing = "cosine_middle" if np.isnan(ensemble["difficulty"]).any() else "difficulty"
     n, size = len(score), args.cascade_request_pairs or max(len(score), 1)
-    pairs = list(zip(split.sentence1, split.sentence2))
-    routed = np.concatenate([np.zeros(0, np.int64)] + [  # each request seeded by its pairs, as the service seeds it
-        i + route(args.cascade_budget, routing, seed=pairs_seed(pairs[i: i + size]), middle=middle,
-                  familiarity_floor=args.cascade_familiarity_floor,
-                  **{k: ensemble[k][i: i + size] for k in ("difficulty", "baseline", "novelty")})
-        for i in range(0, n, size)])
+    requests = [np.arange(i, min(i + size, n)) for i in range(0, n, size)]
+    routed = route_requests(args.cascade_budget, routing, requests, list(zip(split.sentence1, split.sentence2)),
+                            ensemble, middle, args.cascade_familiarity_floor)
     scores = mix(np.clip(score, -1.0, 1.0), ce_scores, routed)
     metrics = evaluate(scores, split.label, split.binary)
     return {"budget": args.cascade_budget, "routing": routing, "routed": len(routed), "request_pairs": size,

@@ -94,6 +94,18 @@ def route(budget: float, policy: str, *, difficulty: np.ndarray | None = None, b
     return np.sort(np.argsort(-priority, kind="stable")[:k])
 
 
+def route_requests(budget: float, policy: str, requests: Sequence[np.ndarray], pairs: Sequence[tuple[str, str]],
+                   scored: dict[str, np.ndarray], middle: float | None = None,
+                   familiarity_floor: float = 0.0) -> np.ndarray:
+    """Indices (sorted) the service routes when the pairs arrive as `requests` (index arrays into `pairs`), each routed
+    on its own and seeded by its pairs, as a request without routing_seed is. scored: every pair's 'difficulty',
+    'baseline' and 'novelty' (`ensemble_scores`). What `evaluate --cascade-budget` and the floor benchmark measure."""
+    parts = [r[route(budget, policy, difficulty=scored["difficulty"][r], baseline=scored["baseline"][r], middle=middle,
+                     novelty=scored["novelty"][r], familiarity_floor=familiarity_floor,
+                     seed=pairs_seed([pairs[i] for i in r]))] for r in requests]
+    return np.sort(np.concatenate([np.zeros(0, np.int64)] + parts))
+
+
 def mix(adapter: np.ndarray, cross_encoder: np.ndarray, routed: np.ndarray, combine: str = "replace") -> np.ndarray:
     """Adapter scores with the routed pairs' replaced by the cross-encoder's (both on the same scale), or
     by the mean of the two (combine="mean"). `cross_encoder` is either every pair's score or only the
