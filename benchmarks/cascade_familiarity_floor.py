@@ -41,7 +41,7 @@ from embed_lib.teacher.cross_encoder import PairCrossEncoder
 from embed_lib.tracking.cross_encoder_registry import resolve_cross_encoder
 from embed_lib.tracking.registry import load_registered
 from embed_lib.tracking.runs import default_tracking_uri, require_store
-from embed_lib.training.cascade import mix, route_requests
+from embed_lib.training.cascade import default_policy, mix, route_requests
 from embed_lib.training.export import ensemble_scores
 from embed_lib.training.metrics import spearman
 from embed_lib.training.selection import TRANSFER_TOLERANCE
@@ -61,7 +61,7 @@ def task_figures(task: str, split_name: str, model, manifest, ce: PairCrossEncod
     pairs = list(zip(split.sentence1, split.sentence2))
     ce_scores = np.asarray(ce.score(pairs), dtype=np.float64)
     base = spearman(out["baseline"], y)
-    routing = "cosine_middle" if np.isnan(out["difficulty"]).any() else "difficulty"
+    routing = default_policy(model.form)
 
     def delta(routed: np.ndarray) -> float:
         return spearman(mix(score, ce_scores, routed), y) - base

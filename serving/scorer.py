@@ -13,7 +13,7 @@ from typing import Any, Awaitable, Callable, Mapping, Sequence
 
 import numpy as np
 
-from embed_lib.training.cascade import mix, route
+from embed_lib.training.cascade import default_policy, mix, route
 from embed_lib.training.export import ensemble_scores, project
 from embed_lib.training.fused import FusedEnsemble
 
@@ -138,9 +138,8 @@ class PairScorer:
         return self.score_vectors(pairs, vectors)
 
     def default_routing(self) -> str:
-        """The cascade's routing when a request names none: the gate's difficulty where the adapter has a
-        difficulty output, else the frozen cosine's closeness to the middle."""
-        return "cosine_middle" if self.model is None or self.model.form in ("baseline", "pair_ungated") else "difficulty"
+        """The cascade's routing when a request names none (embed_lib.training.cascade.default_policy)."""
+        return default_policy(None if self.model is None else self.model.form)
 
     def stats(self) -> dict[str, Any]:
         return {"near_cache": self.near.stats(), "projection_cache": self.projected.stats()}

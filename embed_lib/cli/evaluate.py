@@ -33,7 +33,7 @@ from embed_lib.teacher.cross_encoder import PairCrossEncoder
 from embed_lib.tracking.cross_encoder_registry import resolve_cross_encoder
 from embed_lib.tracking.registry import load_registered
 from embed_lib.tracking.runs import default_tracking_uri, require_store
-from embed_lib.training.cascade import FAMILIARITY_FLOOR, mix, route_requests
+from embed_lib.training.cascade import FAMILIARITY_FLOOR, default_policy, mix, route_requests
 from embed_lib.training.export import ensemble_scores
 from embed_lib.training.metrics import cosine, evaluate, paired_bootstrap, spearman
 from embed_lib.training.retrieval import seed_scores
@@ -134,8 +134,8 @@ def evaluation(args: argparse.Namespace) -> dict:
     if args.cross_encoder:
         out["cross_encoder"], ce_scores, middle = _cross_encoder(args, store, split, out["frozen_cosine"], score)
         if args.cascade_budget is not None:
-            out["cascade"] = _cascade(args, score, ensemble_scores(model, V[ia], V[ib]), ce_scores, middle,
-                                      out["frozen_cosine"], split)
+            out["cascade"] = _cascade(args, score, ensemble_scores(model, V[ia], V[ib]), default_policy(model.form),
+                                      ce_scores, middle, out["frozen_cosine"], split)
     out["seconds"] = round(time.perf_counter() - t0, 1)
     return out
 
@@ -167,13 +167,12 @@ def _cross_encoder(args: argparse.Namespace, store: str, split, base: dict,
     return out, scores, ce.middle
 
 
-def _cascade(args: argparse.Namespace, score: np.ndarray, ensemble: dict, ce_scores: np.ndarray, middle: float | None,
-             base: dict, split) -> dict:
-    """The served cascade at --cascade-budget with the service's default routing, over the whole split or in requests
+def _cascade(args: argparse.Namespace, score: np.ndarray, ensemble: dict, routing: str, ce_scores: np.ndarray,
+             middle: float | None, base: dict, split) -> dict:
+    """The served cascade at --cascade-budget by `routing` (the service's default), over the whole split or in requests
     of --cascade-request-pairs: the model's scores (clipped to [-1, 1], as served) with the pairs its gate rates
     hardest replaced by the cross-encoder's, or for a model with no gate, the pairs whose frozen cosine is nearest
     `middle`; nothing of a request under the familiarity floor (`ensemble`: `ensemble_scores`)."""
-    routing = "cosine_middle" if np.isnan(ensemble["difficulty"]).any() else "difficulty"
     n, size = len(score), args.cascade_request_pairs or max(len(score), 1)
     requests = [np.arange(i, min(i + size, n)) for i in range(0, n, size)]
     routed = route_requests(args.cascade_budget, routing, requests, list(zip(split.sentence1, split.sentence2)),

@@ -43,6 +43,12 @@ COMBINE = ("replace", "mean")
 FAMILIARITY_FLOOR = 0.02
 
 
+def default_policy(form: str | None) -> str:
+    """The routing of a cascade request that names none, for an adapter of this form (None: no model): the gate's
+    difficulty where the form has a difficulty output, else the frozen cosine's closeness to the middle."""
+    return "cosine_middle" if form is None or form in ("baseline", "pair_ungated") else "difficulty"
+
+
 def n_routed(n: int, budget: float, rng: np.random.Generator) -> int:
     """How many of n pairs go to the cross-encoder: budget * n, the fraction rounded at random (up with
     probability equal to the fraction), so small requests meet the budget on average."""
