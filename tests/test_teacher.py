@@ -147,9 +147,11 @@ def test_presets():
     assert TC.teacher_preset("light").epochs == 1
     fast = TC.teacher_preset("fast")
     assert TC.preset_of(fast) == "fast" and TC.preset_of(TC.teacher_preset("light")) == "light"  # not one another
-    assert (fast.precision, fast.freeze_embeddings) == ("bf16", True)
-    assert {k: v for k, v in dataclasses.asdict(fast).items() if k not in TC.LATER_FIELDS} == {
-        k: v for k, v in dataclasses.asdict(TC.teacher_preset("light")).items() if k not in TC.LATER_FIELDS}
+    assert (fast.precision, fast.freeze_embeddings, fast.folds, fast.lr) == ("bf16", True, 2, 2e-4)
+    # otherwise the light recipe: one epoch per fold, no early stopping, the same stage's tasks and pairs
+    fast_rest = {k: v for k, v in dataclasses.asdict(fast).items() if k not in {*TC.LATER_FIELDS, "folds", "lr"}}
+    assert fast_rest == {k: v for k, v in dataclasses.asdict(TC.teacher_preset("light")).items()
+                         if k not in {*TC.LATER_FIELDS, "folds", "lr"}}
     assert TC.teacher_preset("light").intermediate == TC.teacher_preset("strong").intermediate == "others"
     assert TC.teacher_preset("light", intermediate="").intermediate == ""  # a stage can be switched off
     assert TC.teacher_preset("strong", model="x", pretrained=True).intermediate == ""  # nothing to train

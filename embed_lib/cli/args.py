@@ -107,7 +107,7 @@ def add_teacher_flags(p: argparse.ArgumentParser, default_preset: str = "strong"
                        help=f"{docs[name]} (overrides the preset)")
     for name, kind in (("lr", float), ("max_length", int)):
         p.add_argument(f"--teacher-{name.replace('_', '-')}", type=kind, default=None,
-                       help=f"{docs[name]} (default {getattr(d, name)!r})")
+                       help=f"{docs[name]} (default: the preset's, else {getattr(d, name)!r})")
     p.add_argument("--teacher-precision", choices=PRECISIONS, default=None,
                    help=f"{docs['precision']} (default: the preset's)")
     p.add_argument("--teacher-intermediate", default=None, metavar="TASKS",

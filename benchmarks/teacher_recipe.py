@@ -1,0 +1,76 @@
+"""Cheaper recipes for the fast teacher: folds, learning rate and the stage's pairs, each variant's seconds and quality.
+
+    .venv/bin/python benchmarks/teacher_recipe.py [--cache-dir DIR]
+
+Every variant is the fast preset with the fields of `VARIANTS` set (the first is the fast recipe as it was before this
+benchmark: 3 folds at lr 5e-5, 10000 stage pairs per task). Each is trained once through `load_study` and then read
+from the cache (`--cache-dir`, default the project's; an empty folder trains them all in this sitting, about 40 min
+on 2 cores with AMX), so its seconds are those of its own record: stage and folds as they trained. A variant's cost,
+`work_s`, is its stage's seconds and its slowest fold's (the folds train at once), whichever call trained the stage.
+
+The choice reads validation only, never test: among the variants cheaper than the first that keep the stage's pairs
+(the stage's pairs were shown to carry the teacher's test quality: PAWS left out cost 0.008 on test,
+results/README.md#the-first-run), the one of highest STS-B validation Spearman. Test is reported for every variant
+beside the floor 0.835. Writes results/benchmarks/teacher_recipe.json.
+"""
+from __future__ import annotations
+
+import argparse
+
+from benchmarks._common import write_results
+from embed_lib.pipeline.prepare import load_study
+from embed_lib.teacher.config import teacher_preset
+
+FLOOR = 0.835
+#: the fields each variant sets on the fast preset; the first is the baseline
+VARIANTS = [
+    dict(folds=3, lr=5e-5, intermediate_pairs=10000),
+    dict(folds=2, lr=5e-5, intermediate_pairs=10000),
+    dict(folds=2, lr=1e-4, intermediate_pairs=10000),
+    dict(folds=2, lr=2e-4, intermediate_pairs=10000),
+    dict(folds=2, lr=1e-4, intermediate_pairs=7000),
+    dict(folds=2, lr=1e-4, intermediate_pairs=5000),
+    dict(folds=2, lr=2e-4, intermediate_pairs=5000),
+]
+
+
+def _variant(fields: dict, cache_dir: str | None) -> dict:
+    _, rec = load_study("stsb", teacher=teacher_preset("fast", **fields), cache_dir=cache_dir)
+    stage = rec.get("intermediate") or {}
+    folds_s = [f["seconds"] for f in rec["folds"]]
+    return {**fields, "work_s": round((stage.get("seconds") or 0.0) + max(folds_s), 1),
+            "teacher_seconds": rec["seconds"], "stage_s": stage.get("seconds"),
+            "stage_pairs": stage.get("pairs"), "folds_s": folds_s,
+            "fold_processes": rec.get("fold_processes"), "precision": rec["precision"],
+            "teacher_val": round(rec["validation_spearman"], 4), "teacher_test": round(rec["test_spearman"], 4),
+            "meets_floor": rec["test_spearman"] >= FLOOR, "key": rec["key"]}
+
+
+def choose(rows: list[dict]) -> dict:
+    """The rule of the module's docstring: validation only."""
+    base = rows[0]
+    candidates = [r for r in rows[1:] if r["work_s"] < base["work_s"]
+                  and r["intermediate_pairs"] == base["intermediate_pairs"]]
+    return max(candidates, key=lambda r: r["teacher_val"])
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    ap.add_argument("--cache-dir", default=None, help="where the teachers are cached (default the project's)")
+    args = ap.parse_args()
+    rows = []
+    for fields in VARIANTS:
+        rows.append(_variant(fields, args.cache_dir))
+        print(rows[-1], flush=True)
+    base, chosen = rows[0], choose(rows)
+    write_results("teacher_recipe", {
+        "task": "stsb", "floor_teacher_test": FLOOR, "variants": rows,
+        "rule": "cheaper than the first, the stage's pairs kept, highest validation Spearman",
+        "chosen": {"index": rows.index(chosen), **chosen,
+                   "work_ratio_to_first": round(chosen["work_s"] / base["work_s"], 3),
+                   "val_delta_to_first": round(chosen["teacher_val"] - base["teacher_val"], 4),
+                   "test_delta_to_first": round(chosen["teacher_test"] - base["teacher_test"], 4)}})
+
+
+if __name__ == "__main__":
+    main()
