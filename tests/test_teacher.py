@@ -147,7 +147,7 @@ def test_presets():
     assert TC.teacher_preset("light").epochs == 1
     fast = TC.teacher_preset("fast")
     assert TC.preset_of(fast) == "fast" and TC.preset_of(TC.teacher_preset("light")) == "light"  # not one another
-    assert (fast.precision, fast.freeze_embeddings, fast.folds, fast.lr) == ("bf16", True, 2, 2e-4)
+    assert (fast.precision, fast.freeze_embeddings, fast.folds, fast.lr) == ("bf16", True, 2, 1e-4)
     # otherwise the light recipe: one epoch per fold, no early stopping, the same stage's tasks and pairs
     fast_rest = {k: v for k, v in dataclasses.asdict(fast).items() if k not in {*TC.LATER_FIELDS, "folds", "lr"}}
     assert fast_rest == {k: v for k, v in dataclasses.asdict(TC.teacher_preset("light")).items()
