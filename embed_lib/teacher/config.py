@@ -102,9 +102,10 @@ class TeacherConfig:
 #: of the cost, a little weaker); "fast", `make run`'s: light in bf16 where the hardware has it, with the word
 #: embeddings frozen (stage and folds 1.6-1.9x faster than light on 2 CPU cores with AVX512-BF16, test Spearman
 #: 0.8380), its stage in two shards averaged every 16 steps (380 s instead of 435 side by side, teacher test
-#: Spearman 0.8375 instead of 0.8419: results/README.md#the-first-run), and 2 folds at lr 1e-4 instead of light's 3
-#: at 5e-5 (the teacher's work 0.77x, validation Spearman 0.876 instead of 0.867, test 0.838 in bf16 and in fp32;
-#: 2 folds at 2e-4, better on validation, fell to 0.833 on test in fp32: benchmarks/teacher_recipe.py).
+#: Spearman 0.8375 instead of 0.8419: results/README.md#the-first-run), and lr 1e-4 (stage and folds) with 2 folds
+#: instead of light's 5e-5 with 3 (the teacher's work 0.77x, validation Spearman 0.876 instead of 0.867, test 0.838
+#: in bf16 and in fp32; 2 folds at 2e-4, better on validation, fell to 0.833 on test in fp32:
+#: benchmarks/teacher_recipe.py).
 #: All start the folds from an intermediate stage on the other tasks' train pairs (see teacher_intermediate).
 PRESETS: dict[str, dict[str, Any]] = {
     "strong": dict(folds=3, epochs=3, patience=1, early_stopping_fraction=0.1, intermediate="others"),
