@@ -38,6 +38,10 @@ def test_cross_fitted_teacher_scores_and_cache(tiny_splits, tmp_path):
     again, record2 = teacher_scores(tiny_splits, TINY, tmp_path)  # cache hit: same numbers, no training
     assert record2 == record
     np.testing.assert_array_equal(again["train"], scores["train"])
+    # a record cached under a preset's name that the presets no longer give its recipe reads with today's name
+    meta = tmp_path / "teacher" / f"{record['key']}.json"
+    meta.write_text(json.dumps({**json.loads(meta.read_text()), "preset": "fast"}))
+    assert teacher_scores(tiny_splits, TINY, tmp_path)[1] == record
 
 
 class _FakeCE:

@@ -164,8 +164,8 @@ def teacher_scores(splits: Mapping[str, PairData], cfg: TeacherConfig | None = N
     npz, meta_path = root / f"{key}.npz", root / f"{key}.json"
     if npz.is_file() and meta_path.is_file():
         hit = _read_cache(npz, meta_path, key, splits)
-        if hit is not None:
-            return hit
+        if hit is not None:  # the preset's name as today's presets give it: a preset may have changed since
+            return hit[0], {**hit[1], "preset": preset_of(cfg)}
     if compute is not None:
         scores, record = compute(dict(splits), cfg)
         _refuse_non_finite(scores, cfg)
