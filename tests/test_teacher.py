@@ -3,6 +3,9 @@ from __future__ import annotations
 import dataclasses
 import hashlib
 import json
+import os
+import subprocess
+import sys
 from pathlib import Path
 
 import numpy as np
@@ -311,7 +314,7 @@ def test_bf16_trains_in_bf16_where_the_device_has_it_and_in_fp32_where_not(tiny_
     with caplog.at_level("WARNING", logger=recipe.__name__):
         ce_fallback, _, curve = _fit_tiny(tiny_splits, bf16)
     assert curve[0]["precision"] == "fp32" and "asks for bf16 training" in caplog.text
-    assert "neither AVX512-BF16 nor AMX" in caplog.text  # the user learns why, and what it costs
+    assert "AVX512-BF16 or AMX: " in caplog.text and "1.7x the time" in caplog.text  # why, and what it costs
     ce_fp32, _, curve = _fit_tiny(tiny_splits, cfg)
     assert curve[0]["precision"] == "fp32"
     body = lambda ce: next(p for n, p in ce.model.named_parameters() if "encoder.layer.5." in n)  # noqa: E731
@@ -321,6 +324,23 @@ def test_bf16_trains_in_bf16_where_the_device_has_it_and_in_fp32_where_not(tiny_
     assert curve[0]["precision"] == "bf16"
     assert not torch.equal(body(ce_bf16), body(ce_fp32))  # autocast took effect
     assert body(ce_bf16).dtype == torch.float32  # the weights stay fp32
+
+
+def test_an_isa_capped_below_bf16_is_no_native_bf16():
+    capped = recipe.isa_capped_below_bf16
+    assert not capped({}, aten="AVX512")
+    assert not capped({"ONEDNN_MAX_CPU_ISA": "AVX512_CORE_AMX"}, aten="AVX512")
+    assert not capped({"ONEDNN_MAX_CPU_ISA": "avx512_core_bf16"}, aten="AVX512")
+    assert capped({"ONEDNN_MAX_CPU_ISA": "avx2"}, aten="AVX512")  # oneDNN's matrix products without bf16
+    assert capped({"DNNL_MAX_CPU_ISA": "AVX512_CORE_VNNI"}, aten="AVX512")  # the older name
+    assert capped({}, aten="AVX2") and capped({}, aten="DEFAULT")  # torch's own kernels below AVX512
+    # torch reads its cap at import: a process started with ATEN_CPU_CAPABILITY=avx2 trains in fp32 on any CPU
+    code = ("import torch; from embed_lib.teacher import recipe, config; "
+            "print(recipe.effective_precision(config.teacher_preset('fast'), torch.device('cpu')))")
+    env = {**os.environ, "ATEN_CPU_CAPABILITY": "avx2"}
+    out = subprocess.run([sys.executable, "-c", code], env=env, capture_output=True, text=True, check=True,
+                         cwd=Path(__file__).resolve().parents[1])
+    assert out.stdout.strip() == "fp32"
 
 
 def test_a_real_intermediate_stage_round_trips_through_its_folder(tiny_splits, tmp_path):

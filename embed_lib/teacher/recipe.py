@@ -9,9 +9,10 @@ from __future__ import annotations
 import functools
 import logging
 import math
+import os
 import time
 from pathlib import Path
-from typing import TYPE_CHECKING, Any, Callable
+from typing import TYPE_CHECKING, Any, Callable, Mapping
 
 import numpy as np
 import torch
@@ -125,13 +126,27 @@ def warmup_then_decay(opt: torch.optim.Optimizer, total: int, warmup: float) -> 
         opt, lambda s: (s + 1) / warm if s < warm else max(0.0, (total - s) / max(1, total - warm)))
 
 
+#: oneDNN's ISA caps (ONEDNN_MAX_CPU_ISA) below its native bf16 kernels (AVX512_CORE_BF16, AVX10, AMX)
+_ONEDNN_BELOW_BF16 = {"SSE41", "AVX", "AVX2", "AVX2_VNNI", "AVX2_VNNI_2", "AVX512_CORE", "AVX512_CORE_VNNI"}
+
+
+def isa_capped_below_bf16(environ: Mapping[str, str] | None = None, aten: str | None = None) -> bool:
+    """Whether the process is told to run below the CPU's bf16 instructions: oneDNN capped under AVX512_CORE_BF16
+    (ONEDNN_MAX_CPU_ISA, or DNNL_MAX_CPU_ISA) or torch's own kernels under AVX512 (ATEN_CPU_CAPABILITY). bf16 then
+    runs emulated, slower than fp32. `aten`: torch's kernel capability (default torch's own)."""
+    environ = os.environ if environ is None else environ
+    onednn = (environ.get("ONEDNN_MAX_CPU_ISA") or environ.get("DNNL_MAX_CPU_ISA") or "").strip().upper()
+    aten = torch.backends.cpu.get_cpu_capability() if aten is None else aten
+    return onednn in _ONEDNN_BELOW_BF16 or not aten.upper().startswith("AVX512")
+
+
 @functools.lru_cache(maxsize=None)
 def _cpu_has_bf16() -> bool:
     try:
         flags = Path("/proc/cpuinfo").read_text()
     except OSError:  # not Linux: no cheap way to tell, and bf16 emulated in software is slower than fp32
         return False
-    return "avx512_bf16" in flags or "amx_bf16" in flags
+    return ("avx512_bf16" in flags or "amx_bf16" in flags) and not isa_capped_below_bf16()
 
 
 def effective_precision(cfg: TeacherConfig, device: torch.device) -> str:
@@ -173,8 +188,10 @@ def _prepare(ce, cfg: TeacherConfig) -> str:
         freeze_bottom(ce.model, cfg.freeze_layers)
     precision = effective_precision(cfg, ce.device)
     if precision != cfg.precision:
-        slower = (" (this CPU has neither AVX512-BF16 nor AMX: about 1.7x the time of bf16, measured for the fast "
-                  "recipe on 2 cores, results/README.md#the-first-run)" if ce.device.type == "cpu" else "")
+        why = ("ONEDNN_MAX_CPU_ISA or ATEN_CPU_CAPABILITY caps it below them" if isa_capped_below_bf16() else
+               "this CPU has neither")
+        slower = (f" (AVX512-BF16 or AMX: {why}; about 1.7x the time of bf16, measured for the fast recipe on 2 cores, "
+                  "results/README.md#the-first-run)" if ce.device.type == "cpu" else "")
         log.warning("The teacher's recipe asks for %s training and %s does not compute it natively: training in %s%s.",
                     cfg.precision, ce.device, precision, slower)
     return precision
