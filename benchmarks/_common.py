@@ -24,7 +24,7 @@ def cpu_model() -> str:
 
 
 #: the instruction sets a CPU figure depends on: the teacher trains in bf16 only where the CPU has it natively
-#: (avx512_bf16 or amx_bf16; embed_lib.teacher.recipe.effective_precision), else in fp32 at ~1.7x the time
+#: (avx512_bf16 or amx_bf16; embed_lib.teacher.recipe.effective_precision), else in fp32 at 1.5-2.4x the time
 ISA_FLAGS = ("avx2", "avx512f", "avx512_vnni", "avx512_bf16", "amx_bf16")
 
 

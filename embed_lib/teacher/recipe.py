@@ -190,8 +190,9 @@ def _prepare(ce, cfg: TeacherConfig) -> str:
     if precision != cfg.precision:
         why = ("ONEDNN_MAX_CPU_ISA or ATEN_CPU_CAPABILITY caps it below them" if isa_capped_below_bf16() else
                "this CPU has neither")
-        slower = (f" (AVX512-BF16 or AMX: {why}; about 1.7x the time of bf16, measured for the fast recipe on 2 cores, "
-                  "results/README.md#the-first-run)" if ce.device.type == "cpu" else "")
+        slower = (f" (AVX512-BF16 or AMX: {why}; 1.5-1.7x the time of bf16 with AVX512-BF16, about 2.4x with AMX, "
+                  "measured for the fast recipe on 2 cores, results/README.md#the-first-run)"
+                  if ce.device.type == "cpu" else "")
         log.warning("The teacher's recipe asks for %s training and %s does not compute it natively: training in %s%s.",
                     cfg.precision, ce.device, precision, slower)
     return precision
