@@ -67,6 +67,24 @@ def test_a_first_run_clone_gets_a_newcomers_environment():
                       "ATEN_CPU_CAPABILITY": "avx2", "ONEDNN_MAX_CPU_ISA": "AVX2", "MKL_ENABLE_INSTRUCTIONS": "AVX2"}
 
 
+def test_the_first_run_projection_scales_the_teacher_by_each_hosts_stage():
+    """An AVX2 host's estimate: the capped runs' mean teacher times the host's stage over their mean stage, plus the
+    rest of the host's own run; the host's folds (an older recipe's) do not enter."""
+    import pytest
+    from benchmarks.first_run_projection import project
+    capped = [{"isa_cap": "avx2", "commit": "c", "wall_s_by_stage": {"teacher_stage": 100, "teacher_folds": 50}},
+              {"isa_cap": "avx2", "commit": "c", "wall_s_by_stage": {"teacher_stage": 120, "teacher_folds": 70}}]
+    host = lambda stage: {"commit": "h", "wall_s": 1e4, "wall_s_by_stage": {  # noqa: E731
+        "venv": 10, "encoding": 20, "teacher_stage": stage, "teacher_folds": 999}}
+    out = project(capped, [("a", 0, host(220)), ("a", 1, host(330))], wall_max=400)
+    assert out["capped_stage_s"] == 110 and out["capped_teacher_s"] == 170
+    assert [h["stage_over_capped"] for h in out["hosts"]] == [2.0, 3.0]
+    assert [h["estimate_wall_s"] for h in out["hosts"]] == [30 + 170 * 2, 30 + 170 * 3]
+    assert [h["within_target"] for h in out["hosts"]] == [True, False] and out["within_target"] == 1
+    with pytest.raises(SystemExit, match="isa-cap"):  # runs measured without a cap are no such measurement
+        project([{**capped[0], "isa_cap": None}], [("a", 0, host(220))], wall_max=400)
+
+
 def test_replica_cpu_counts_only_the_named_replicas_processes():
     """serve_bench's CPU per request: the CPU of the processes whose title names the application's replicas (a
     stand-in titled like one, busy for ~0.4 s), nothing for an application without replicas."""
