@@ -328,12 +328,12 @@ def test_bf16_trains_in_bf16_where_the_device_has_it_and_in_fp32_where_not(tiny_
 
 def test_an_isa_capped_below_bf16_is_no_native_bf16():
     capped = recipe.isa_capped_below_bf16
-    assert not capped({}, aten="AVX512")
-    assert not capped({"ONEDNN_MAX_CPU_ISA": "AVX512_CORE_AMX"}, aten="AVX512")
-    assert not capped({"ONEDNN_MAX_CPU_ISA": "avx512_core_bf16"}, aten="AVX512")
-    assert capped({"ONEDNN_MAX_CPU_ISA": "avx2"}, aten="AVX512")  # oneDNN's matrix products without bf16
-    assert capped({"DNNL_MAX_CPU_ISA": "AVX512_CORE_VNNI"}, aten="AVX512")  # the older name
-    assert capped({}, aten="AVX2") and capped({}, aten="DEFAULT")  # torch's own kernels below AVX512
+    assert not capped({})
+    assert not capped({"ONEDNN_MAX_CPU_ISA": "AVX512_CORE_AMX", "ATEN_CPU_CAPABILITY": "avx512"})
+    assert not capped({"ONEDNN_MAX_CPU_ISA": "avx512_core_bf16"})
+    assert capped({"ONEDNN_MAX_CPU_ISA": "avx2"})  # oneDNN's matrix products without bf16
+    assert capped({"DNNL_MAX_CPU_ISA": "AVX512_CORE_VNNI"})  # the older name
+    assert capped({"ATEN_CPU_CAPABILITY": "avx2"}) and capped({"ATEN_CPU_CAPABILITY": "default"})  # torch's own
     # torch reads its cap at import: a process started with ATEN_CPU_CAPABILITY=avx2 trains in fp32 on any CPU
     code = ("import torch; from embed_lib.teacher import recipe, config; "
             "print(recipe.effective_precision(config.teacher_preset('fast'), torch.device('cpu')))")

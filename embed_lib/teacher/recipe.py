@@ -126,18 +126,20 @@ def warmup_then_decay(opt: torch.optim.Optimizer, total: int, warmup: float) -> 
         opt, lambda s: (s + 1) / warm if s < warm else max(0.0, (total - s) / max(1, total - warm)))
 
 
-#: oneDNN's ISA caps (ONEDNN_MAX_CPU_ISA) below its native bf16 kernels (AVX512_CORE_BF16, AVX10, AMX)
+#: oneDNN's ISA caps (ONEDNN_MAX_CPU_ISA) below its native bf16 kernels (AVX512_CORE_BF16, AVX10, AMX), and torch's
+#: (ATEN_CPU_CAPABILITY) below AVX512
 _ONEDNN_BELOW_BF16 = {"SSE41", "AVX", "AVX2", "AVX2_VNNI", "AVX2_VNNI_2", "AVX512_CORE", "AVX512_CORE_VNNI"}
+_ATEN_BELOW_AVX512 = {"DEFAULT", "AVX", "AVX2"}
 
 
-def isa_capped_below_bf16(environ: Mapping[str, str] | None = None, aten: str | None = None) -> bool:
-    """Whether the process is told to run below the CPU's bf16 instructions: oneDNN capped under AVX512_CORE_BF16
-    (ONEDNN_MAX_CPU_ISA, or DNNL_MAX_CPU_ISA) or torch's own kernels under AVX512 (ATEN_CPU_CAPABILITY). bf16 then
-    runs emulated, slower than fp32. `aten`: torch's kernel capability (default torch's own)."""
+def isa_capped_below_bf16(environ: Mapping[str, str] | None = None) -> bool:
+    """Whether the environment tells this process to run below the CPU's bf16 instructions: oneDNN capped under
+    AVX512_CORE_BF16 (ONEDNN_MAX_CPU_ISA, or the older DNNL_MAX_CPU_ISA) or torch's own kernels under AVX512
+    (ATEN_CPU_CAPABILITY), as on a CPU without them. bf16 would then run emulated, slower than fp32."""
     environ = os.environ if environ is None else environ
     onednn = (environ.get("ONEDNN_MAX_CPU_ISA") or environ.get("DNNL_MAX_CPU_ISA") or "").strip().upper()
-    aten = torch.backends.cpu.get_cpu_capability() if aten is None else aten
-    return onednn in _ONEDNN_BELOW_BF16 or not aten.upper().startswith("AVX512")
+    aten = environ.get("ATEN_CPU_CAPABILITY", "").strip().upper()
+    return onednn in _ONEDNN_BELOW_BF16 or aten in _ATEN_BELOW_AVX512
 
 
 @functools.lru_cache(maxsize=None)
