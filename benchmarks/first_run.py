@@ -1,6 +1,6 @@
 """The first `make run` of a newcomer, timed on fresh clones: venv, cluster, encoding, teacher, trials, registration.
 
-    .venv/bin/python benchmarks/first_run.py [--runs 2] [--keep] [--name first_run] [--isa-cap avx2]  (make first-run)
+    .venv/bin/python benchmarks/first_run.py [--runs 2] [--keep] [--name first_run] [--isa-cap CAP]  (make first-run)
 
 Each run clones this repository's HEAD (commit first: local changes are not in a clone) beside it, so that the data
 mirror at ../shared/data is found as a user's clone finds it, and runs `make run` there with nothing cached: no venv
@@ -12,8 +12,9 @@ figures.
 
 `--isa-cap avx2` runs the clone as on a CPU with AVX2 alone, on a CPU with more: torch's kernels, oneDNN and MKL are
 capped at AVX2 (ISA_CAPS), so the teacher trains in fp32 (`recipe.isa_capped_below_bf16`) and every matrix product
-runs AVX2 code. The arithmetic is that of an AVX2-only host; the core's clock, caches and memory stay this host's,
-so its seconds are not another host's. Each run records the cap (`isa_cap`).
+runs AVX2 code. `--isa-cap avx512_bf16` caps oneDNN below AMX: the teacher's bf16 matrix products run as on a CPU
+with AVX512-BF16 and no AMX. The arithmetic is that host's; the core's clock, caches and memory stay this host's, so
+its seconds are not another host's. Each run records the cap (`isa_cap`).
 """
 from __future__ import annotations
 
@@ -41,8 +42,11 @@ TARGETS = {"wall_s_max": 1200, "teacher_test_min": 0.835, "winner_val_min": 0.01
 NOT_A_NEWCOMERS = ("EMBED_CACHE_DIR", "EMBED_STORAGE_DIR", "EMBED_RAY_DIR", "MLFLOW_TRACKING_URI",
                    "MLFLOW_ARTIFACT_ROOT", "RAY_ADDRESS", "MAKEFLAGS", "MAKELEVEL", "MFLAGS")
 
-#: the environment that caps a process's instruction sets: torch's own kernels, oneDNN's and MKL's
-ISA_CAPS = {"avx2": {"ATEN_CPU_CAPABILITY": "avx2", "ONEDNN_MAX_CPU_ISA": "AVX2", "MKL_ENABLE_INSTRUCTIONS": "AVX2"}}
+#: the environment that caps a process's instruction sets (torch's own kernels, oneDNN's and MKL's): "avx2" as on a
+#: CPU without AVX512 (the teacher in fp32), "avx512_bf16" as on one with AVX512-BF16 but no AMX (bf16 matrix
+#: products through AVX512-BF16 instructions instead of AMX tiles)
+ISA_CAPS = {"avx2": {"ATEN_CPU_CAPABILITY": "avx2", "ONEDNN_MAX_CPU_ISA": "AVX2", "MKL_ENABLE_INSTRUCTIONS": "AVX2"},
+            "avx512_bf16": {"ONEDNN_MAX_CPU_ISA": "AVX512_CORE_BF16"}}
 
 
 def newcomer_env(environ=None, isa_cap: str | None = None) -> dict[str, str]:
