@@ -2,16 +2,18 @@
 
     .venv/bin/python benchmarks/first_run_projection.py [--capped first_run_isa_avx2]
                                                         [--hosts first_run_avx2 first_run_avx2_s20]
+                                                        [--name first_run_projection]
 
 No AVX2-only host may be at hand when the recipe changes. `first_run.py --isa-cap avx2` then measures today's
 recipe in that arithmetic (fp32 teacher, AVX2 kernels) on a faster host (`--capped`); the `--hosts` files hold fresh
-clones measured on AVX2-only hosts with an earlier recipe. The intermediate stage did the same arithmetic in both
+clones measured on AVX2-only hosts with an earlier recipe (the same for AVX512-BF16 hosts: `--isa-cap avx512_bf16`,
+`--hosts first_run`). The intermediate stage did the same arithmetic in both
 (the same pairs, shards and precision; only its learning rate differed), so each host run's stage over the capped
 runs' mean stage is that host's speed in this arithmetic. Each host run's estimate: the capped runs' mean teacher
 (stage and folds) times that ratio, plus the rest of the host run (venv, cluster, encoding, trials, registry) as it
 was measured. The assumptions: the folds scale with the host as the stage does, and the rest has not changed. The
 quality floors are not estimated: the capped runs measured them in the host's arithmetic. Writes
-results/benchmarks/first_run_projection.json.
+results/benchmarks/first_run_projection.json (or NAME.json).
 """
 from __future__ import annotations
 
@@ -59,13 +61,14 @@ def main() -> None:
                     "first_run_isa_avx2)")
     ap.add_argument("--hosts", nargs="+", default=["first_run_avx2", "first_run_avx2_s20"],
                     help="results files of runs on the hosts themselves (default first_run_avx2 first_run_avx2_s20)")
+    ap.add_argument("--name", default="first_run_projection", help="results/benchmarks/NAME.json (default "
+                    "first_run_projection)")
     args = ap.parse_args()
     from benchmarks.first_run import TARGETS
 
     host_runs = [(name, i, run) for name in args.hosts for i, run in enumerate(_runs(name))]
     figures = project(_runs(args.capped), host_runs, TARGETS["wall_s_max"])
-    write_results("first_run_projection", {"command": "python benchmarks/first_run_projection.py", "estimate": True,
-                                           "capped": args.capped, "hosts_files": args.hosts, **figures})
+    write_results(args.name, {"estimate": True, "capped": args.capped, "hosts_files": args.hosts, **figures})
 
 
 if __name__ == "__main__":
