@@ -65,7 +65,8 @@ class TeacherConfig:
     length_buckets: bool = True
     #: the arithmetic of training and of the teacher's own scoring: "fp32", or "bf16" (matmuls autocast to bfloat16;
     #: weights, gradients and optimizer state in fp32) where the hardware has it (AVX512-BF16 or AMX CPUs, bf16
-    #: GPUs), else fp32, as the record says
+    #: GPUs) and no ISA cap holds the process below it (ONEDNN_MAX_CPU_ISA, ATEN_CPU_CAPABILITY), else fp32, as the
+    #: record says
     precision: str = "fp32"
     #: keep the backbone's word-embedding table as it is: it is half of MiniLM's weights, and updating it is most of
     #: each optimizer step
