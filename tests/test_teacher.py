@@ -423,6 +423,23 @@ def test_folds_in_worker_processes_give_the_folds_trained_here(tiny_splits, tmp_
         teacher_scores(tiny_splits, cfg, tmp_path / "bad", fold_workers=-1)
 
 
+def test_a_worker_that_dies_is_named_with_both_causes_and_their_fixes(tmp_path):
+    """A script that starts worker processes at import, without a `__main__` guard: each spawned worker re-imports it
+    and dies before it starts. The error names memory and the guard, each with its fix, not memory alone (a user who
+    followed the advice to run one fold at a time would still have the stage's two shards die the same way)."""
+    script = tmp_path / "unguarded.py"
+    script.write_text("from embed_lib.teacher.workers import run_folds\n"
+                      "def work(x, progress):\n    return x\n"
+                      "print(run_folds(work, [(1,), (2,)], 2, 1, print))\n")
+    out = subprocess.run([sys.executable, str(script)], capture_output=True, text=True, timeout=300,
+                         cwd=Path(__file__).resolve().parents[1])
+    assert out.returncode != 0
+    last = out.stderr.strip().splitlines()[-1]
+    assert last.startswith("RuntimeError: A worker process training the teacher"), out.stderr[-2000:]
+    for fix in ("EMBED_TEACHER_FOLD_WORKERS=1", "stage_shards=1", 'if __name__ == "__main__":'):
+        assert fix in last
+
+
 
 def test_a_teacher_with_non_finite_scores_is_refused_and_not_cached(tiny_splits, tmp_path, monkeypatch):
     """A diverged fold scores NaN: the error names the splits, the counts and the fix, and nothing is cached (a

@@ -101,9 +101,14 @@ def run_folds(fn: Callable[..., Any], calls: Sequence[tuple], workers: int, thre
                 _relay(q, progress)
             results = [f.result() for f in futures]
     except BrokenProcessPool as exc:
-        raise RuntimeError(f"A worker process training a teacher fold died ({exc}): out of memory? Train the folds "
-                           f"one after another: {ENV}=1 in the environment, or teacher_scores(fold_workers=1)."
-                           ) from None
+        guard = 'if __name__ == "__main__":'
+        raise RuntimeError(
+            f"A worker process training the teacher (a fold, or a shard of its intermediate stage) died ({exc}). "
+            f"Out of memory? Train the folds one after another ({ENV}=1 in the environment, or "
+            "teacher_scores(fold_workers=1)) and the stage in one process (TeacherConfig.stage_shards=1). Or a script "
+            "calls this at import: every worker process re-imports the script that started it (spawn), so the "
+            f"script's top-level calls must sit under `{guard}` (the worker's own error, above, says so)."
+        ) from None
     _relay(q, progress)  # lines sent just before a worker finished
     return results
 
