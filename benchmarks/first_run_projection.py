@@ -7,9 +7,9 @@
 No AVX2-only host may be at hand when the recipe changes. `first_run.py --isa-cap avx2` then measures today's
 recipe in that arithmetic (fp32 teacher, AVX2 kernels) on a faster host (`--capped`); the `--hosts` files hold fresh
 clones measured on AVX2-only hosts with an earlier recipe (the same for AVX512-BF16 hosts: `--isa-cap avx512_bf16`,
-`--hosts first_run`). The intermediate stage did the same arithmetic in both (the same pairs, shards and precision;
-only its learning rate differed), so each host run's stage over the capped runs' mean stage is that host's speed in
-this arithmetic. Each host run's estimate: the capped runs' mean teacher
+`--hosts first_run_avx512_bf16_3folds`). The intermediate stage did the same arithmetic in both (the same pairs,
+shards and precision; only its learning rate differed), so each host run's stage over the capped runs' mean stage is
+that host's speed in this arithmetic. Each host run's estimate: the capped runs' mean teacher
 (stage and folds) times that ratio, plus the rest of the host run (venv, cluster, encoding, trials, registry) as it
 was measured. The assumptions: the folds scale with the host as the stage does, and the rest has not changed. The
 quality floors are not estimated: the capped runs measured them in the host's arithmetic. Writes
