@@ -76,6 +76,7 @@ def test_a_file_for_evaluation_only(pairs_frame, tmp_path):
 
 @pytest.mark.parametrize("edit,message", [
     (lambda f: f.drop(columns="b"), "eval.csv, column 'b': column not found; the columns are"),
+    (lambda f: f.iloc[0:0], "eval.csv: no pairs: the file names its columns and has no rows"),
     (lambda f: f.assign(a=f.a.where(f.index != 4, "  ")), "eval.csv, row 5, column 'a': text is empty."),
     (lambda f: f.assign(b=f.b.where(f.index != 6, "")),  # an empty CSV cell: pandas reads NaN
      "eval.csv, row 7, column 'b': text is missing (an empty cell); fill it in or drop the row."),

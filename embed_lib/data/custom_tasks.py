@@ -171,6 +171,9 @@ class CustomTask:
         if missing:
             raise self._fail(None, missing[0], f"column not found; the columns are {list(frame.columns)} (name "
                                                "them with --text-columns A,B and --label-column C).")
+        if frame.empty:
+            raise self._fail(None, None, "no pairs: the file names its columns and has no rows; give one pair per "
+                                         "row below them.")
         self._texts(frame)
         raw, label, binary = self._labels(frame)
         split, note = self._split_of(frame)
