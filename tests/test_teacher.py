@@ -434,10 +434,11 @@ def test_a_worker_that_dies_is_named_with_both_causes_and_their_fixes(tmp_path):
     out = subprocess.run([sys.executable, str(script)], capture_output=True, text=True, timeout=300,
                          cwd=Path(__file__).resolve().parents[1])
     assert out.returncode != 0
-    last = out.stderr.strip().splitlines()[-1]
-    assert last.startswith("RuntimeError: A worker process training the teacher"), out.stderr[-2000:]
+    # the parent's error; after it, multiprocessing's resource tracker may warn of the dead pool's semaphores
+    ours = [line for line in out.stderr.splitlines() if line.startswith("RuntimeError: A worker process training")]
+    assert len(ours) == 1, out.stderr[-2000:]
     for fix in ("EMBED_TEACHER_FOLD_WORKERS=1", "stage_shards=1", 'if __name__ == "__main__":'):
-        assert fix in last
+        assert fix in ours[0]
 
 
 
