@@ -297,3 +297,14 @@ def test_the_cli_stops_at_a_store_mlflow_cannot_use(tmp_path, capsys, monkeypatc
     assert main(["registry", "--task", "stsb", "--tracking-uri", str(tmp_path / "mlruns")]) == 2
     assert capsys.readouterr().err.startswith(f"error: MLflow tracking URI '{tmp_path}/mlruns' is a file store")
     assert not (tmp_path / "mlruns").exists()
+
+
+def test_reading_a_model_from_a_store_that_does_not_exist_is_refused_and_makes_no_store(tmp_path):
+    """The library's loaders, as the commands do: a sqlite path with no store behind it is named with the fix, not
+    answered by MLflow making an empty store there (and then 'Registered Model ... not found')."""
+    from embed_lib.tracking.registry import load_registered
+
+    missing = tmp_path / "mlflow.db"
+    with pytest.raises(ValueError, match=r"No MLflow store at sqlite:///.*/mlflow\.db \(nothing was tracked there"):
+        load_registered("models:/pair-residual-stsb@champion", f"sqlite:///{missing}")
+    assert not missing.exists()

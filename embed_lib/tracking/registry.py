@@ -24,7 +24,7 @@ from mlflow.types.schema import Array, ColSpec, Schema
 from embed_lib.encoding.cache import cache_key
 from embed_lib.tracking.promotion import (Decision, Evidence, appended, decide, encoder_description, from_tag, record,
                                           to_tag)
-from embed_lib.tracking.runs import git_info
+from embed_lib.tracking.runs import git_info, require_store
 from embed_lib.training.export import load_adapter, save_adapter
 from embed_lib.training.seed_group import GroupResult
 from embed_lib.training.selection import TRANSFER_TOLERANCE, rule_text
@@ -180,7 +180,10 @@ def history(name: str, client=None) -> list[dict[str, Any]]:
 def download_model_artifact(model_uri: str, artifact: str, dst: str | Path | None = None,
                             tracking_uri: str | None = None) -> Path:
     """Download a logged / registered model (runs:/..., models:/name@alias, models:/name/version) and return
-    its artifacts/<artifact> directory. tracking_uri: the MLflow store to read (default: MLflow's current one)."""
+    its artifacts/<artifact> directory. tracking_uri: the MLflow store to read (default: MLflow's current one); a local
+    one that does not exist is a ValueError (reading would make an empty store there)."""
+    if tracking_uri:
+        require_store(tracking_uri)
     m = re.fullmatch(r"models:/([^/@]+)(?:@([^/]+)|/(\d+))", model_uri)
     if m:  # resolve through a client of this store: MLflow's own models:/ resolution reads the global registry
         name, alias, version = m.groups()
