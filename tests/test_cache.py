@@ -49,6 +49,13 @@ def test_changed_manifest_misses(tmp_path, encoder):
     with pytest.raises(ValueError, match="does not match this cache's manifest"):
         EmbeddingCache(other, tmp_path).get(TEXTS, encoder)
 
+    # not a manifest at all: the type and where a manifest comes from, not "'NoneType' object is not iterable"
+    for bad in (None, encoder, "minilm"):
+        with pytest.raises(TypeError, match=f"takes an encoder manifest .*got {type(bad).__name__}"):
+            EmbeddingCache(bad, tmp_path)
+    with pytest.raises(ValueError, match="Encoder manifest lacks"):
+        EmbeddingCache({"encoder": "minilm"}, tmp_path)
+
 
 @pytest.mark.parametrize("damage", ["truncate", "flip", "drop_meta"])
 def test_corruption_is_detected_and_rebuilt(tmp_path, encoder, damage, caplog):

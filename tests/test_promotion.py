@@ -119,6 +119,9 @@ def test_a_smoke_run_after_a_real_sweep_leaves_the_served_champion_where_it_was(
     # the smoke test registers under a name of its own ...
     assert model_name("stsb", smoke=True) == "pair-residual-stsb-smoke"
     assert model_name("stsb", limit=200) == "pair-residual-stsb-limited"
+    for bad in (None, "", 3):
+        with pytest.raises(ValueError, match="give the task's name"):
+            model_name(bad)
     _, d = _register(uri, model_name("stsb", smoke=True), smoke_group, smoke)
     assert d.alias == "champion"  # of the smoke model only
     # ... and even under the real name (what the old code did) a limited run cannot take champion, however good

@@ -97,6 +97,9 @@ class EmbeddingCache:
     """Vectors of sentences for one encoder manifest (see module docstring)."""
 
     def __init__(self, manifest: Mapping[str, Any], root: str | Path | None = None) -> None:
+        if not isinstance(manifest, Mapping):
+            raise TypeError(f"EmbeddingCache(manifest) takes an encoder manifest (a mapping: FrozenEncoder.manifest(), "
+                            f"or a saved adapter's encoder_manifest.json); got {type(manifest).__name__}.")
         self.manifest = dict(manifest)
         self.key = cache_key(self.manifest)
         self.root = Path(root).absolute() if root is not None else default_cache_dir()

@@ -37,6 +37,8 @@ SELECTION_METRIC = "ensemble/val/spearman"
 
 def model_name(task: str, smoke: bool = False, limit: int | None = None) -> str:
     """`pair-residual-<task>`; a smoke test's or a limited run's versions register under a name of their own."""
+    if not isinstance(task, str) or not task.strip():
+        raise ValueError(f"model_name(task={task!r}): give the task's name, e.g. 'stsb' (or a pair file's task name).")
     return f"pair-residual-{task}" + ("-smoke" if smoke else "-limited" if limit is not None else "")
 
 
