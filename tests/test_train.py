@@ -79,8 +79,28 @@ def test_shuffled_gate_does_not_fit_its_target_better(small):
 
 
 def test_missing_target_is_a_clear_error(small):
-    with pytest.raises(ValueError, match="Difficulty target 'ce_margin' is not available.*needs teacher scores"):
+    with pytest.raises(ValueError, match="Difficulty target 'ce_margin' is not available.*needs teacher scores: load "
+                                         "the study with a teacher"):
         train_seed_group(_cfg(target="ce_margin"), small)
+    # a form that learns no target (AdapterConfig's default target is ce_margin): the fix is target='none'
+    with pytest.raises(ValueError, match="pair_ungated learns none: set target='none'"):
+        train_seed_group(_cfg(adapter="pair_ungated", target="ce_margin"), small)
+    for cfg, data in ((None, small), ({"adapter": "pair_gated"}, small), (_cfg(), None)):
+        with pytest.raises(TypeError, match=r"takes an AdapterConfig \(AdapterConfig.from_dict for a dict\) and a "
+                                            r"StudyData \(load_study\); got"):
+            train_seed_group(cfg, data)
+
+
+def test_load_study_names_a_bad_limit_or_transfer_before_reading_anything(tmp_path):
+    from embed_lib.pipeline.prepare import load_study
+
+    for bad in (0, -3, "5", 2.5, True):
+        with pytest.raises(ValueError, match=f"load_study\\(limit={bad!r}\\): give a whole number"):
+            load_study("stsb", limit=bad, cache_dir=tmp_path)
+    # a string is an iterable of letters: 'qqp' would have been the tasks 'q', 'q', 'p'
+    with pytest.raises(TypeError, match=r"load_study\(transfer='qqp'\): give a list of task names, e.g. \['qqp'\]"):
+        load_study("stsb", transfer="qqp", cache_dir=tmp_path)
+    assert not any(tmp_path.iterdir())
 
 
 def test_config_validation_names_field_and_range():

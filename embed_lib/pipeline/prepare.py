@@ -74,6 +74,10 @@ def load_study(task: str, encoder: EncoderConfig | None = None, teacher: Teacher
     missing from the cache (default a LazyEncoder of `encoder`; the sweeps pass a Ray actor pool).
     teacher_compute: where the teacher trains on a cache miss (`teacher_scores`' compute; default here).
     """
+    if limit is not None and (isinstance(limit, bool) or not isinstance(limit, int) or limit < 1):
+        raise ValueError(f"load_study(limit={limit!r}): give a whole number of pairs per split, 1 or more (None: all).")
+    if isinstance(transfer, str):
+        raise TypeError(f"load_study(transfer={transfer!r}): give a list of task names, e.g. [{transfer!r}].")
     root = Path(cache_dir) if cache_dir else default_cache_dir()
     splits = load_splits(task, SPLITS, data_dir)
     if limit is not None:

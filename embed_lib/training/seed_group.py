@@ -240,9 +240,13 @@ def train_seed_group(cfg: AdapterConfig, data: StudyData,
     epoch (Tune reports through it). evaluate_test=False leaves the test split untouched (sweeps select
     on validation and evaluate test once, for the winner).
     """
+    if not isinstance(cfg, AdapterConfig) or not isinstance(data, StudyData):
+        raise TypeError(f"train_seed_group(cfg, data) takes an AdapterConfig (AdapterConfig.from_dict for a dict) and "
+                        f"a StudyData (load_study); got {type(cfg).__name__} and {type(data).__name__}.")
     if cfg.target not in ("none", *data.targets):
+        fix = "load the study with a teacher" if cfg.supervised else f"{cfg.adapter} learns none: set target='none'"
         raise ValueError(f"Difficulty target {cfg.target!r} is not available for this study; available: "
-                         f"{data.targets} (ce_margin needs teacher scores).")
+                         f"{data.targets} (ce_margin needs teacher scores: {fix}).")
     t0 = time.perf_counter()
     data = data.to(torch.device(device or "cpu"))
     fit = _build(cfg, data, data.X.device)
