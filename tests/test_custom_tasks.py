@@ -110,6 +110,10 @@ def test_graded_labels_need_a_declared_scale_and_names_are_slugs(pairs_frame, tm
         CustomTask.from_args(path, ("a", "b"), "score", (0, 5), name="My Pairs!")
     with pytest.raises(FileNotFoundError, match="No pair file"):
         CustomTask.from_args(str(tmp_path / "nope.csv"))
+    for columns in (("a",), ("a", "b", "score"), ("a", "a")):  # one column twice would pair each sentence with itself
+        with pytest.raises(ValueError, match=re.escape(f"--text-columns needs exactly two column names, one per "
+                                                       f"sentence of a pair; got {list(columns)}")):
+            CustomTask.from_args(path, columns, "score", (0, 5))
     assert slug_of("hf:org/Some-Set:cfg") == "some-set_cfg" and slug_of("x/Q&A pairs.v2.jsonl") == "q_a_pairs_v2"
 
 

@@ -57,8 +57,9 @@ class CustomTask:
                              "(at most 48), e.g. --task-name my_pairs.")
         if name in task_names():
             raise ValueError(f"Task name {name!r} is a built-in task; give your data another --task-name.")
-        if len(text_columns) != 2:
-            raise ValueError(f"--text-columns needs exactly two column names; got {list(text_columns)}.")
+        if len(text_columns) != 2 or text_columns[0] == text_columns[1]:
+            raise ValueError(f"--text-columns needs exactly two column names, one per sentence of a pair; got "
+                             f"{list(text_columns)}.")
         if binary and label_range is not None:
             raise ValueError("Give either --binary or --label-range, not both.")
         if label_range is not None and not float(label_range[0]) < float(label_range[1]):
