@@ -110,6 +110,9 @@ def test_graded_labels_need_a_declared_scale_and_names_are_slugs(pairs_frame, tm
         CustomTask.from_args(path, ("a", "b"), "score", (0, 5), name="My Pairs!")
     with pytest.raises(FileNotFoundError, match="No pair file"):
         CustomTask.from_args(str(tmp_path / "nope.csv"))
+    for empty in ("hf:", "hf: ", "hf::cfg"):
+        with pytest.raises(ValueError, match=re.escape(f"--task {empty!r} names no dataset: give hf:<dataset id>")):
+            CustomTask.from_args(empty, name="x")
     for columns in (("a",), ("a", "b", "score"), ("a", "a")):  # one column twice would pair each sentence with itself
         with pytest.raises(ValueError, match=re.escape(f"--text-columns needs exactly two column names, one per "
                                                        f"sentence of a pair; got {list(columns)}")):

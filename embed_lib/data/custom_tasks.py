@@ -66,6 +66,9 @@ class CustomTask:
             raise ValueError(f"--label-range {label_range[0]},{label_range[1]}: the low end must be below the high end.")
         if eval_split is not None and eval_split not in SPLITS:
             raise ValueError(f"--split {eval_split!r}: valid splits are {list(SPLITS)}.")
+        if source.startswith("hf:") and not source[3:].partition(":")[0].strip():
+            raise ValueError(f"--task {source!r} names no dataset: give hf:<dataset id>[:<config>], e.g. "
+                             "hf:sentence-transformers/stsb.")
         if not source.startswith("hf:") and not Path(source).is_file():
             raise FileNotFoundError(f"No pair file {source}: give a .csv, .tsv, .jsonl or .parquet file, or "
                                     "hf:<dataset id>[:<config>].")
