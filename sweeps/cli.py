@@ -161,6 +161,12 @@ def _make_tuner(args, trainable, run_config, fixed: dict[str, Any], space_fn, sp
     return tune.Tuner(trainable, param_space=param_space, tune_config=tune_config, run_config=run_config), space_keys
 
 
+def storage_dir(args) -> Path:
+    """Where Tune keeps the sweep's state: --storage-path, else $EMBED_STORAGE_DIR, else ./.cache/ray_results."""
+    where = args.storage_path or os.environ.get("EMBED_STORAGE_DIR") or Path.cwd() / ".cache" / "ray_results"
+    return Path(where).absolute()
+
+
 def _settle(args, script: str, fixed: dict[str, Any]):
     """The task validated and the run's settings derived from the flags: (limit, fixed values, transfer tasks,
     run name, Tune storage, embedding cache)."""
@@ -172,7 +178,7 @@ def _settle(args, script: str, fixed: dict[str, Any]):
         fixed = {**fixed, "epochs": args.epochs}
     fixed = {**fixed, "task": args.task, "n_seeds": args.seeds}
     name = args.name or f"{script}-{args.task}" + ("-smoke" if args.smoke_test else "")
-    storage = Path(args.storage_path or os.environ.get("EMBED_STORAGE_DIR") or Path.cwd() / ".cache" / "ray_results").absolute()
+    storage = storage_dir(args)
     cache_dir = writable_dir(Path(args.cache_dir).absolute() if args.cache_dir else default_cache_dir(),
                              "--cache-dir / $EMBED_CACHE_DIR")
     os.environ.setdefault("TUNE_GLOBAL_CHECKPOINT_S", "2")  # experiment state on disk often: --resume loses little
@@ -250,6 +256,7 @@ def sweep_main(doc: str, script: str, space_fn, space_keys: list[str], fixed: di
         _tracking_uri(args)
         writable_dir(Path(args.cache_dir).absolute() if args.cache_dir else default_cache_dir(),
                      "--cache-dir / $EMBED_CACHE_DIR")
+        writable_dir(storage_dir(args), "--storage-path / $EMBED_STORAGE_DIR")
     except (ValueError, FileNotFoundError, RuntimeError) as exc:
         parser.exit(2, f"error: {exc}\n")
     out = run_sweep(args, script, space_fn, space_keys, fixed, start_points)

@@ -131,6 +131,9 @@ def check_settings(args, fixed: dict[str, Any]) -> None:
     fixed = {**fixed, "task": args.task, "n_seeds": args.seeds,
              **({"epochs": args.epochs} if args.epochs is not None else {})}
     if args.search != "grid":
+        if args.grid or args.grid_file:  # else ignored: an Optuna sweep would run where a grid was meant
+            raise ValueError(f"--grid / --grid-file give the values of --search grid, and this sweep searches with "
+                             f"{args.search}: add --search grid, or drop them.")
         AdapterConfig.from_dict(fixed)
         return
     grid = parse_grid(args.grid, args.grid_file)

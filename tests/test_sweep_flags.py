@@ -61,6 +61,9 @@ def test_the_edges_of_each_range_are_accepted():
     (("--tau-attn-values", "1,x"), r"--tau-attn-values '1,x': expected numbers separated by commas"),
     (("--tau-attn-values", "0"), r"EncoderConfig.tau_attn=0.0 is out of range"),
     (("--search", "grid"), r"--search grid needs values: give --grid KEY=V1,V2"),
+    (("--grid", "gamma"), r"--grid / --grid-file give the values of --search grid, and this sweep searches with "
+                          r"optuna: add --search grid, or drop them"),
+    (("--grid-file", "g.json"), r"--grid / --grid-file give the values of --search grid"),
     (("--encoder", "/no/such/encoder"), r"Could not load encoder '/no/such/encoder': no such file or directory"),
     (("--teacher", "./no/such/ce"), r"Could not load cross-encoder './no/such/ce': no such file or directory"),
     (("--search", "grid", "--grid", "tau=0.1,-1"), r"--grid point \{'tau': -1\}: AdapterConfig.tau=-1 is out of range"),

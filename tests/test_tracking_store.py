@@ -92,14 +92,17 @@ def test_a_job_on_several_nodes_uses_the_clusters_mlflow_server_and_a_local_stor
     assert "is a local store, and this cluster has several nodes" in proc.stderr and "MLflow server" in proc.stderr
 
 
-def test_a_sweep_with_an_unwritable_cache_stops_before_ray_or_mlflow_start(tmp_path):
+@pytest.mark.parametrize("flag, named", [("--cache-dir", "--cache-dir / $EMBED_CACHE_DIR"),
+                                         ("--storage-path", "--storage-path / $EMBED_STORAGE_DIR")])
+def test_a_sweep_with_an_unwritable_cache_or_storage_stops_before_ray_or_mlflow_start(tmp_path, flag, named):
+    """Tune's storage used to fail with a FileNotFoundError traceback after Ray and MLflow had started."""
     (tmp_path / "a-file").write_text("")
     env = {**os.environ, "MLFLOW_TRACKING_URI": f"sqlite:///{tmp_path / 'mlflow.db'}"}
     proc = subprocess.run([sys.executable, str(REPO / "sweeps" / "pair_residual.py"), "--task", "stsb", "--no-teacher",
-                           "--cache-dir", str(tmp_path / "a-file" / "cache")], env=env, cwd=tmp_path,
+                           flag, str(tmp_path / "a-file" / "dir")], env=env, cwd=tmp_path,
                           capture_output=True, text=True, timeout=300)
     assert proc.returncode == 2
-    assert proc.stderr.strip().splitlines()[-1].startswith(f"error: --cache-dir / $EMBED_CACHE_DIR {tmp_path}")
+    assert proc.stderr.strip().splitlines()[-1].startswith(f"error: {named} {tmp_path}")
     assert not (tmp_path / "mlflow.db").exists()
 
 
