@@ -169,4 +169,6 @@ def test_retrieval_from_a_store_or_model_that_is_not_there(tmp_path, capsys):
     mlflow.MlflowClient(f"sqlite:///{store}").search_experiments()  # an empty store: the model is not there
     assert main(["retrieval", "--task", "qqp", "--model-uri", "models:/nope@champion", "--tracking-uri",
                  f"sqlite:///{store}", "--out", str(tmp_path / "r.md")]) == 2
-    assert "error: MLflow: Registered Model with name=nope not found" in capsys.readouterr().err
+    err = capsys.readouterr().err
+    assert "error: MLflow: Registered Model with name=nope not found. List a model's versions and aliases with " \
+           "`python -m embed_lib registry --name <model>`" in err

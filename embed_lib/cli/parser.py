@@ -145,5 +145,8 @@ def main(argv: Sequence[str] | None = None) -> int:
         print(f"error: {exc}", file=sys.stderr)
         return 2
     except MlflowException as exc:  # a model or version the registry does not have, a store that refused a write
-        print(f"error: MLflow: {exc.message}", file=sys.stderr)
+        missing = exc.error_code == "RESOURCE_DOES_NOT_EXIST" or "not found" in exc.message.lower()
+        hint = (" List a model's versions and aliases with `python -m embed_lib registry --name <model>` (and the "
+                "same --tracking-uri)." if missing else "")
+        print(f"error: MLflow: {exc.message.rstrip('.')}.{hint}", file=sys.stderr)
         return 2
