@@ -167,6 +167,12 @@ def storage_dir(args) -> Path:
     return Path(where).absolute()
 
 
+def cache_root(args) -> Path:
+    """The embedding and teacher cache, checked writable: --cache-dir, else $EMBED_CACHE_DIR (default_cache_dir)."""
+    return writable_dir(Path(args.cache_dir).absolute() if args.cache_dir else default_cache_dir(),
+                        "--cache-dir / $EMBED_CACHE_DIR")
+
+
 def _settle(args, script: str, fixed: dict[str, Any]):
     """The task validated and the run's settings derived from the flags: (limit, fixed values, transfer tasks,
     run name, Tune storage, embedding cache)."""
@@ -179,12 +185,11 @@ def _settle(args, script: str, fixed: dict[str, Any]):
     fixed = {**fixed, "task": args.task, "n_seeds": args.seeds}
     name = args.name or f"{script}-{args.task}" + ("-smoke" if args.smoke_test else "")
     storage = storage_dir(args)
-    cache_dir = writable_dir(Path(args.cache_dir).absolute() if args.cache_dir else default_cache_dir(),
-                             "--cache-dir / $EMBED_CACHE_DIR")
+    cache = cache_root(args)
     os.environ.setdefault("TUNE_GLOBAL_CHECKPOINT_S", "2")  # experiment state on disk often: --resume loses little
     # a job's output is a log: MLflow's per-file download bars would print a screen of lines per model
     os.environ.setdefault("MLFLOW_ENABLE_ARTIFACTS_PROGRESS_BAR", "false")
-    return limit, fixed, transfer_tasks(args.transfer, args.task), name, storage, cache_dir
+    return limit, fixed, transfer_tasks(args.transfer, args.task), name, storage, cache
 
 
 def run_sweep(args, script: str, space_fn, space_keys: list[str], fixed: dict[str, Any],
@@ -254,8 +259,7 @@ def sweep_main(doc: str, script: str, space_fn, space_keys: list[str], fixed: di
         args.task = resolve_task(args, args.task)
         check_settings(args, fixed)
         _tracking_uri(args)
-        writable_dir(Path(args.cache_dir).absolute() if args.cache_dir else default_cache_dir(),
-                     "--cache-dir / $EMBED_CACHE_DIR")
+        cache_root(args)
         writable_dir(storage_dir(args), "--storage-path / $EMBED_STORAGE_DIR")
     except (ValueError, FileNotFoundError, RuntimeError) as exc:
         parser.exit(2, f"error: {exc}\n")
