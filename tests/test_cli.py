@@ -138,6 +138,20 @@ def test_a_cache_dir_the_command_cannot_write_is_named_before_anything_runs(tmp_
     assert not out.exists()
 
 
+def test_a_device_this_machine_lacks_is_named_even_when_every_vector_is_cached(stsb_embedded, tmp_path, capsys):
+    """Every STS-B vector is cached, so the encoder never loads: the command used to succeed on the CPU instead."""
+    import torch
+
+    device = f"cuda:{torch.cuda.device_count()}"  # one past the last: absent on any machine
+    out = tmp_path / "b.md"
+    assert main(["baseline", "--task", "stsb", "--device", device, "--out", str(out)]) == 2
+    assert capsys.readouterr().err == (f"error: --device={device!r}, and torch sees {torch.cuda.device_count()} CUDA "
+                                       "device(s) here: give cpu, another device, or leave --device unset (the best "
+                                       "available).\n")
+    assert not out.exists()
+    assert main(["baseline", "--task", "stsb", "--device", "cpu", "--out", str(out)]) == 0
+
+
 @pytest.mark.parametrize("argv, message", [
     (["study", "--task", "stsb", "--gamma-grid", "0.1,x"], "--gamma-grid '0.1,x': expected numbers separated by commas"),
     (["study", "--task", "stsb", "--gamma-grid", "2"], "--gamma-grid '2': AdapterConfig.gamma=2.0 is out of range"),

@@ -27,6 +27,7 @@ from embed_lib.cli.registry import add_registry_parser
 from embed_lib.cli.values import float_above, int_at_least
 from embed_lib.config import writable_dir
 from embed_lib.data.tasks import task_names
+from embed_lib.encoding.encoders import check_device
 from embed_lib.tracking.runs import checked_tracking_uri
 
 
@@ -128,11 +129,12 @@ def main(argv: Sequence[str] | None = None) -> int:
         except (ValueError, FileNotFoundError, RuntimeError) as exc:
             print(f"error: {exc}", file=sys.stderr)
             return 2
-    try:  # a store MLflow cannot use, a cache it cannot write: one line before anything is encoded or trained
+    try:  # a store MLflow cannot use, a cache it cannot write, a device not here: one line before anything runs
         if getattr(args, "tracking_uri", None) is not None:
             args.tracking_uri = checked_tracking_uri(args.tracking_uri)
         if getattr(args, "cache_dir", None) is not None:
             writable_dir(Path(args.cache_dir).absolute(), "--cache-dir")
+        check_device(getattr(args, "device", None), "--device")  # a cache hit never loads the encoder
     except ValueError as exc:
         print(f"error: {exc}", file=sys.stderr)
         return 2

@@ -42,6 +42,16 @@ def best_device() -> str:
     return "cuda" if torch.cuda.is_available() else "cpu"
 
 
+def check_device(device: str | None, field: str = "EncoderConfig.device") -> None:
+    """ValueError when `device` names a CUDA device this process does not see (None: the best available)."""
+    if device is None or not device.startswith("cuda"):
+        return
+    index = (device.split(":") + ["0"])[1]
+    if not torch.cuda.is_available() or (index.isdigit() and int(index) >= torch.cuda.device_count()):
+        raise ValueError(f"{field}={device!r}, and torch sees {torch.cuda.device_count()} CUDA device(s) here: give "
+                         "cpu, another device, or leave --device unset (the best available).")
+
+
 def check_texts(texts: Any, field: str = "texts") -> list[str]:
     """A list of strings, or a TypeError naming the first offending position."""
     if isinstance(texts, str) or not isinstance(texts, Sequence):
@@ -64,10 +74,7 @@ class FrozenEncoder:
         check_local(self.config.model, "encoder")
         self.model_path = resolve_model(self.config.model)
         self.device = self.config.device or best_device()
-        if self.device.startswith("cuda") and (not torch.cuda.is_available() or int(
-                (self.device.split(":") + ["0"])[1]) >= torch.cuda.device_count()):
-            raise ValueError(f"EncoderConfig.device={self.device!r}, and torch sees {torch.cuda.device_count()} CUDA "
-                             "device(s) here: give cpu, another device, or leave --device unset (the best available).")
+        check_device(self.device)
         is_local = Path(self.model_path).exists()
         try:
             self.model = SentenceTransformer(
