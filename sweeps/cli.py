@@ -78,6 +78,20 @@ def encode_workers(requested: int, use_gpu: bool) -> int:
     return max(1, min(4, int(ray.cluster_resources().get("GPU" if use_gpu else "CPU", 1))))
 
 
+def precompute_on_gpu(args) -> bool:
+    """Whether the encoders and the teacher take GPUs: --device cpu keeps them on CPUs; --device cuda puts them on
+    GPUs, refused where the cluster has none and no trial asks for one (the actors would wait for ever); unset: GPUs
+    where the cluster has them or the trials ask for them (an autoscaling cluster whose GPU nodes start at zero)."""
+    if args.device == "cpu":
+        return False
+    has = ray.cluster_resources().get("GPU", 0) >= 1
+    if args.device == "cuda" and not has and args.gpus_per_trial == 0:
+        raise ValueError("--device cuda, and this Ray cluster has no GPU: give cpu, leave --device unset, or join a "
+                         "GPU node first (an autoscaling cluster whose GPU nodes start at zero adds one for "
+                         "--gpus-per-trial > 0).")
+    return args.device == "cuda" or args.gpus_per_trial > 0 or has
+
+
 def _precompute_all(args, cache_dir: Path, limit: int | None, transfer: list[str]):
     """{tau_attn: StudyData} and the teacher record, each computed once before any trial."""
     teacher = teacher_config(args)
@@ -94,7 +108,7 @@ def _precompute_all(args, cache_dir: Path, limit: int | None, transfer: list[str
 
     threads = torch.get_num_threads()
     torch.set_num_threads(driver_threads())  # no trial runs yet: the teacher may use every core of this node
-    gpu = args.gpus_per_trial > 0 or ray.cluster_resources().get("GPU", 0) >= 1  # encoders and teacher on GPUs
+    gpu = precompute_on_gpu(args)  # encoders and teacher on GPUs
     workers = encode_workers(args.encode_workers, gpu)
     try:
         for tau in tau_values(args.tau_attn_values):
@@ -262,6 +276,11 @@ def sweep_main(doc: str, script: str, space_fn, space_keys: list[str], fixed: di
         cache_root(args)
         writable_dir(storage_dir(args), "--storage-path / $EMBED_STORAGE_DIR")
     except (ValueError, FileNotFoundError, RuntimeError) as exc:
+        parser.exit(2, f"error: {exc}\n")
+    ray.init(address=args.address, ignore_reinit_error=True, log_to_driver=False)
+    try:  # --device against the cluster's GPUs: one line before MLflow opens a run
+        precompute_on_gpu(args)
+    except ValueError as exc:
         parser.exit(2, f"error: {exc}\n")
     out = run_sweep(args, script, space_fn, space_keys, fixed, start_points)
     print(json.dumps({k: v for k, v in out.items() if k not in ("summary", "config")}, default=str))

@@ -54,7 +54,8 @@ def add_sweep_args(p, *, default_samples: int) -> None:
                                                   "own pairs: a .csv / .tsv / .jsonl / .parquet file or hf:<dataset id> "
                                                   "(inside --working-dir, or a path every node can read)")
     add_custom_data_flags(p)
-    add_encoder_flags(p, tau_attn=False)
+    add_encoder_flags(p, tau_attn=False, device_help="where the encoders and the teacher run: cpu, or cuda (a GPU "
+                      "each, as Ray assigns them); default: GPUs where the cluster has them or --gpus-per-trial asks")
     p.add_argument("--tau-attn-values", default="1.0",
                    help="comma list of encoder attention temperatures offered to the search (each one is "
                         "precomputed; default 1.0)")
@@ -123,6 +124,9 @@ def check_settings(args, fixed: dict[str, Any]) -> None:
     """Every config the flags make, built once before Ray, MLflow or the cache start: a bad value fails here in one
     line (ValueError) rather than after minutes of encoding and teacher training, or inside every trial."""
     check_local(args.encoder, "encoder")
+    if args.device not in (None, "cpu", "cuda"):  # the encoders and the teacher never saw it: a flag that did nothing
+        raise ValueError(f"--device {args.device!r}: a sweep's encoders and teacher run in Ray workers, each on the "
+                         "GPU Ray gives it; give cpu, cuda, or leave it unset (GPUs where the cluster has them).")
     if teacher_config(args) is not None:
         check_local(args.teacher, "cross-encoder")
     transfer_tasks(args.transfer, args.task)

@@ -72,6 +72,9 @@ def test_the_edges_of_each_range_are_accepted():
     (("--search", "grid", "--grid", "gamma=0.1", "--grid", "control=shuffled"),
      r"--grid varies \['control'\], which this sweep holds fixed \(control='none'\): drop them from the grid"),
     (("--search", "grid", "--grid", "epochs=4,8", "--epochs", "6"), r"--grid varies \['epochs'\]"),
+    (("--device", "cuda:1"), r"--device 'cuda:1': a sweep's encoders and teacher run in Ray workers, each on the GPU "
+                             r"Ray gives it; give cpu, cuda, or leave it unset"),
+    (("--device", "mps"), r"--device 'mps': a sweep's encoders and teacher run in Ray workers"),
 ])
 def test_every_config_the_flags_make_is_built_before_anything_starts(argv, message):
     args = _parse("--task", "stsb", *argv)
@@ -108,3 +111,18 @@ def test_the_entry_script_stops_in_one_line_and_makes_nothing(tmp_path):
         assert proc.returncode == 2, proc.stderr
         assert proc.stderr.strip().splitlines()[-1].endswith(line), proc.stderr
     assert not store.exists() and not (tmp_path / "cache").exists() and not (tmp_path / "ray").exists()
+
+
+def test_a_gpu_device_on_a_cluster_without_gpus_stops_in_one_line(ray_cluster, tmp_path):
+    """--device used to be ignored by the sweep: `cuda` on a CPU cluster ran on the CPUs, `cpu` on a GPU cluster on
+    the GPUs. Now `cuda` where no GPU is and no trial asks for one stops before MLflow opens a run."""
+    store = tmp_path / "mlflow.db"
+    env = {**ray_cluster, "HF_HUB_OFFLINE": "1", "EMBED_CACHE_DIR": str(tmp_path / "cache")}
+    proc = subprocess.run([sys.executable, str(ROOT / "sweeps" / "pair_residual.py"), "--task", "stsb", "--device",
+                           "cuda", "--tracking-uri", f"sqlite:///{store}"], capture_output=True, text=True, env=env,
+                          cwd=tmp_path, timeout=300)
+    assert proc.returncode == 2, proc.stderr
+    assert proc.stderr.strip().splitlines()[-1] == (
+        "error: --device cuda, and this Ray cluster has no GPU: give cpu, leave --device unset, or join a GPU node "
+        "first (an autoscaling cluster whose GPU nodes start at zero adds one for --gpus-per-trial > 0).")
+    assert not store.exists()

@@ -40,7 +40,8 @@ def add_data_flags(p: argparse.ArgumentParser) -> None:
     p.add_argument("--cache-dir", default=None, help="embedding cache (default: $EMBED_CACHE_DIR or ./.cache/embed_lib)")
 
 
-def add_encoder_flags(p: argparse.ArgumentParser, tau_attn: bool = True) -> None:
+def add_encoder_flags(p: argparse.ArgumentParser, tau_attn: bool = True,
+                      device_help: str = "cpu, cuda, cuda:1 (default: best available)") -> None:
     """tau_attn=False: the caller offers its own attention-temperature flag (a sweep searches a list)."""
     p.add_argument("--encoder", default="minilm",
                    help="sentence-transformers id, local path, or alias 'minilm' (default: minilm, offline)")
@@ -49,7 +50,7 @@ def add_encoder_flags(p: argparse.ArgumentParser, tau_attn: bool = True) -> None
         p.add_argument("--tau-attn", type=float, default=1.0, help="attention temperature (TempScale), default 1.0")
     p.add_argument("--max-seq-length", type=int, default=None, help="truncation length (default: the model's)")
     p.add_argument("--encode-batch-size", type=int, default=64, help="encoding batch size (default: 64)")
-    p.add_argument("--device", default=None, help="cpu, cuda, cuda:1 (default: best available)")
+    p.add_argument("--device", default=None, help=device_help)
     p.add_argument("--prompt-name", default=None, help="a prompt of the encoder's own put before every sentence "
                                                        "(e.g. query for Qwen/Qwen3-Embedding-0.6B)")
     p.add_argument("--prompt", default=None, help="a prompt text put before every sentence (instead of --prompt-name)")
