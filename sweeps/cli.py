@@ -115,7 +115,7 @@ def _precompute_all(args, cache_dir: Path, limit: int | None, transfer: list[str
             studies[tau], record = precompute(args.task, encoder_config(args, tau_attn=tau), teacher,
                                               args.data_dir, str(cache_dir), limit, workers,
                                               transfer=transfer, progress=teacher_progress(args.task),
-                                              use_gpu=gpu)
+                                              use_gpu=gpu, teacher_device="cpu" if args.device == "cpu" else None)
     finally:
         torch.set_num_threads(threads)
     if record is not None:

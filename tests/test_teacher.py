@@ -464,3 +464,18 @@ def test_a_teacher_with_non_finite_scores_is_refused_and_not_cached(tiny_splits,
     monkeypatch.setattr(recipe, "predict", lambda ce, pairs, cfg: np.full(len(pairs), np.nan, np.float32))
     with pytest.raises(ValueError, match=r"Check the cross-encoder's weights \(a corrupt or mismatched model\)"):
         teacher_scores(tiny_splits, pretrained, tmp_path)
+
+
+def test_load_study_trains_the_teacher_on_the_device_it_is_given(data_dir, tmp_path, monkeypatch):
+    """A sweep's --device cpu reaches the teacher trained on the driver (it used to take the best device there)."""
+    from embed_lib.pipeline import prepare
+
+    seen = []
+
+    def spy(*args, **kwargs):
+        seen.append(kwargs.get("device"))
+        return teacher_scores(*args, **kwargs)
+    monkeypatch.setattr(prepare, "teacher_scores", spy)
+    _, record = prepare.load_study("stsb", teacher=TINY, data_dir=data_dir, cache_dir=tmp_path, limit=24,
+                                   teacher_device="cpu")
+    assert seen == ["cpu"] and record["device"] == "cpu"

@@ -65,7 +65,8 @@ def default_transfer(task: str) -> list[str]:
 def load_study(task: str, encoder: EncoderConfig | None = None, teacher: TeacherConfig | None = None, *,
                data_dir: str | Path | None = None, cache_dir: str | Path | None = None,
                limit: int | None = None, transfer: Iterable[str] = (), progress=None,
-               lazy=None, teacher_compute=None) -> tuple[StudyData, dict[str, Any] | None]:
+               lazy=None, teacher_compute=None, teacher_device: str | None = None,
+               ) -> tuple[StudyData, dict[str, Any] | None]:
     """StudyData for `task` (teacher=None: no ce_margin target) and the teacher record, with the teacher's
     quality per split (Spearman, error correlation with the frozen cosine, rank average) in the record.
 
@@ -73,6 +74,7 @@ def load_study(task: str, encoder: EncoderConfig | None = None, teacher: Teacher
     validation pairs are scored by every trained group (`transfer_splits`). lazy: what encodes a sentence
     missing from the cache (default a LazyEncoder of `encoder`; the sweeps pass a Ray actor pool).
     teacher_compute: where the teacher trains on a cache miss (`teacher_scores`' compute; default here).
+    teacher_device: the torch device it trains on here (None: the best available).
     """
     if limit is not None and (isinstance(limit, bool) or not isinstance(limit, int) or limit < 1):
         raise ValueError(f"load_study(limit={limit!r}): give a whole number of pairs per split, 1 or more (None: all).")
@@ -88,7 +90,8 @@ def load_study(task: str, encoder: EncoderConfig | None = None, teacher: Teacher
         lazy.shutdown()
     scores, record = (None, None)
     if teacher is not None:
-        scores, record = teacher_scores(splits, teacher, root, progress=progress, compute=teacher_compute)
+        scores, record = teacher_scores(splits, teacher, root, device=teacher_device, progress=progress,
+                                        compute=teacher_compute)
     data = prepare_study(emb, scores)
     if record is not None:
         record = {**record, "quality": quality_report(
