@@ -184,6 +184,7 @@ case "${1:-}" in
     shift; [[ "${1:-}" == "--" ]] && shift
     (( $# )) || { echo "submit: no command; e.g. cluster/local.sh submit -- python sweeps/pair_residual.py --task stsb" >&2
                   exit 2; }
+    running || multi || { echo "submit: local Ray is not running ($STATE): cluster/local.sh start first" >&2; exit 1; }
     env_json=$(job_env) || exit 2
     cd "$ROOT"
     id="embed-$(date +%Y%m%d-%H%M%S)-$$"
@@ -201,8 +202,9 @@ case "${1:-}" in
     python3 "$ROOT/cluster/dashboard.py" follow-job "$DASH_URL" "$id" ;;
   serve)
     # deploy a Serve config (default serving/config.yaml) on this cluster and wait until it is RUNNING
-    config="$(realpath "${2:-$ROOT/serving/config.yaml}")"
-    [[ -f "$config" ]] || { echo "no Serve config at $config" >&2; exit 1; }
+    config="${2:-$ROOT/serving/config.yaml}"
+    [[ -f "$config" ]] || { echo "serve: no Serve config at $config (e.g. serving/config.yaml)" >&2; exit 2; }
+    config="$(realpath "$config")"
     running || multi || { echo "local Ray is not running: cluster/local.sh start first" >&2; exit 1; }
     cd "$ROOT"
     serve deploy "$config" --address "$DASH_URL"

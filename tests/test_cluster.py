@@ -99,7 +99,7 @@ def test_local_script_and_runtime_env():
     assert "--dashboard-host=127.0.0.1" in text and "RAY_AUTH_MODE=token" in text
 
 
-def test_a_start_option_the_script_does_not_take_is_refused_before_anything_starts(tmp_path):
+def test_a_start_option_or_command_the_script_cannot_run_is_refused_before_anything_starts(tmp_path):
     """`start --bogus` used to start a one-node cluster that ignored it; `--nodes abc` died on 'unbound variable'."""
     env = {**os.environ, "EMBED_RAY_DIR": str(tmp_path / "ray")}
     for argv, line in [
@@ -112,10 +112,14 @@ def test_a_start_option_the_script_does_not_take_is_refused_before_anything_star
         (["start", "--nodes", "3", "--cpus-per-worker", "0"],
          "argument --cpus-per-worker: 0 is out of range; give a number > 0"),
         (["submit", "--"], "submit: no command; e.g. cluster/local.sh submit -- python sweeps/pair_residual.py"),
+        # these two used to end in realpath's line and in a traceback of Ray's token loader
+        (["serve", str(tmp_path / "none.yaml")], f"serve: no Serve config at {tmp_path}/none.yaml (e.g. serving/"),
+        (["submit", "--", "python", "x.py"], f"submit: local Ray is not running ({tmp_path}/ray): cluster/local.sh "
+                                             "start first"),
     ]:
         proc = subprocess.run(["bash", str(CLUSTER / "local.sh"), *argv], env=env, capture_output=True, text=True,
                               timeout=60)
-        assert proc.returncode == 2, (argv, proc.stdout, proc.stderr)
+        assert proc.returncode == (1 if argv[-1] == "x.py" else 2), (argv, proc.stdout, proc.stderr)
         assert line in proc.stderr.strip().splitlines()[-1], (argv, proc.stderr)
     assert not (tmp_path / "ray").exists()  # no state dir: nothing was started
 
