@@ -18,6 +18,7 @@ from embed_lib.encoding.cache import cache_key, manifest_mismatch
 from embed_lib.encoding.encoders import encoder_manifest
 from embed_lib.tracking.promotion import from_tag
 from embed_lib.tracking.registry import download_adapter
+from embed_lib.tracking.runs import require_store
 from embed_lib.training.export import load_adapter
 from serving.errors import ApiError
 
@@ -47,12 +48,18 @@ def registry_info(model_uri: str, tracking_uri: str | None) -> dict[str, Any]:
 
 
 def pinned_uri(model_uri: str, tracking_uri: str | None) -> str:
-    """models:/name@alias -> models:/name/<version the alias points at now>; other URIs unchanged."""
+    """models:/name@alias -> models:/name/<version the alias points at now>; other URIs unchanged. A local store
+    that does not exist is named, not made (MLflow would make an empty one and then not find the model)."""
+    store = tracking_uri or os.environ.get("MLFLOW_TRACKING_URI")
     try:
+        if store:
+            require_store(store)
         info = registry_info(model_uri, tracking_uri)
     except Exception as exc:  # MLflow's errors name neither the field nor the fix
-        raise ValueError(f"Cannot load {model_uri!r} from MLflow ({tracking_uri or 'default tracking URI'}): {exc}. "
-                         "Check model_uri (models:/<name>@<alias>) and tracking_uri.") from exc
+        raise ValueError(f"Cannot load {model_uri!r} from MLflow ({store or 'default tracking URI'}): "
+                         f"{str(exc).rstrip('.')}. Check model_uri (models:/<name>@<alias>) and tracking_uri; `make "
+                         "run` registers models:/pair-residual-stsb@champion in this clone's store, and `python -m "
+                         "embed_lib registry --name <name>` lists what a store has.") from exc
     if info.get("alias") and info.get("version"):
         return f"models:/{info['name']}/{info['version']}"
     return model_uri

@@ -136,6 +136,23 @@ def test_a_smoke_run_after_a_real_sweep_leaves_the_served_champion_where_it_was(
     assert challenger.tags["promotion_reason"] == d2.reason and "challenger" in challenger.aliases
 
 
+def test_serving_a_champion_from_a_store_without_it_names_the_store_and_how_to_register_one(tmp_path, store):
+    """`make serve` on a fresh clone before `make run`: it used to make an empty store where none was, then say only
+    that the model was not found."""
+    from serving.model import pinned_uri
+
+    missing = f"sqlite:///{tmp_path / 'none' / 'mlflow.db'}"
+    (tmp_path / "none").mkdir()
+    with pytest.raises(ValueError, match=rf"No MLflow store at {missing} \(nothing was tracked there yet\).*`make run` "
+                                         r"registers models:/pair-residual-stsb@champion in this clone's store"):
+        pinned_uri("models:/pair-residual-stsb@champion", missing)
+    assert not any((tmp_path / "none").iterdir())  # no empty store made
+    uri, _ = store  # a store without the model
+    with pytest.raises(ValueError, match=r"name=pair-residual-stsb not found\. Check model_uri .* `python -m embed_lib "
+                                         r"registry --name <name>` lists what a store has"):
+        pinned_uri("models:/pair-residual-stsb@champion", uri)
+
+
 def test_a_worse_comparable_version_cannot_take_champion_and_a_better_one_does(groups, store):
     from embed_lib.tracking.registry import model_name
 
