@@ -68,10 +68,11 @@ sweep: venv
 smoke: venv
 	$(BIN)/python sweeps/pair_residual.py --task $(TASK) --smoke-test
 
-## the MLflow champion as a service on http://127.0.0.1:8000 (serving/config.yaml); stop: make cluster-stop
+## the MLflow champion as a service on http://127.0.0.1:8000 (serving/config.yaml); stop: make cluster-stop. A deploy
+## that fails stops the cluster it started
 serve: venv
-	cluster/local.sh status >/dev/null 2>&1 || cluster/local.sh start
-	cluster/local.sh serve serving/config.yaml
+	@started=0; cluster/local.sh status >/dev/null 2>&1 || { cluster/local.sh start && started=1; }; \
+	cluster/local.sh serve serving/config.yaml || { rc=$$?; [[ $$started == 0 ]] || cluster/local.sh stop; exit $$rc; }
 
 ## the teacher as a served cross-encoder: one model on all of $(TASK)'s train split, registered in MLflow as
 ## models:/cross-encoder-$(TASK)@current (about 5 min on 2 cores for STS-B once make run has trained its teacher)
@@ -80,8 +81,8 @@ teacher: venv
 
 ## the champion with the difficulty-routed cascade (serving/config_cascade.yaml); needs make run and make teacher
 serve-cascade: venv
-	cluster/local.sh status >/dev/null 2>&1 || cluster/local.sh start
-	cluster/local.sh serve serving/config_cascade.yaml
+	@started=0; cluster/local.sh status >/dev/null 2>&1 || { cluster/local.sh start && started=1; }; \
+	cluster/local.sh serve serving/config_cascade.yaml || { rc=$$?; [[ $$started == 0 ]] || cluster/local.sh stop; exit $$rc; }
 
 cluster-start: venv
 	cluster/local.sh start
