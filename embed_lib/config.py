@@ -11,12 +11,11 @@ import os
 import re
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any
+from typing import Any, Mapping
 
 from embed_lib.data.tasks import TASK_SLUG, task_names
 
-#: Alias -> sentence-transformers id. Aliases resolve to packaged weights when they are
-#: installed (offline), otherwise to the Hub id.
+#: Alias -> sentence-transformers id: packaged weights when they are installed (offline), otherwise the Hub id.
 ENCODER_ALIASES = {"minilm": "sentence-transformers/all-MiniLM-L6-v2"}
 
 DTYPES = ("float32", "float16", "bfloat16")
@@ -49,7 +48,9 @@ class Bounds:
         if self.allow_none and value is None:
             return
         if self.integer:
-            if isinstance(value, bool) or not isinstance(value, int) or not self.low <= value <= self.high:
+            if isinstance(value, bool) or not isinstance(value, numbers.Integral):
+                raise ValueError(f"{name}={value!r} is not a whole number; allowed {self.describe()}.")
+            if not self.low <= value <= self.high:
                 raise ValueError(f"{name}={value!r}; allowed {self.describe()}.")
             return
         if isinstance(value, bool) or not isinstance(value, numbers.Real):
@@ -74,10 +75,13 @@ def learning_rate(default: float) -> Any:
 
 
 def check_bounds(config: Any) -> None:
-    """Raise a ValueError naming the first field of `config` outside its declared bounds."""
+    """ValueError naming the first field of `config` outside its bounds; numpy scalars become Python numbers (JSON)."""
     for f in dataclasses.fields(config):
         if "bounds" in f.metadata:
-            f.metadata["bounds"].check(f"{type(config).__name__}.{f.name}", getattr(config, f.name))
+            value = getattr(config, f.name)
+            f.metadata["bounds"].check(f"{type(config).__name__}.{f.name}", value)
+            if isinstance(value, numbers.Number) and type(value).__module__ == "numpy":
+                object.__setattr__(config, f.name, value.item())
 
 
 #: inference backends of the encoder and the cross-encoder (embed_lib.encoding.onnx_backend)
@@ -104,7 +108,6 @@ def backend_of(manifest: dict[str, Any]) -> str:
     return "onnx-int8" if manifest.get("quantization") == "int8" else "onnx"
 
 
-
 @dataclass(frozen=True)
 class EncoderConfig:
     """How the frozen encoder turns sentences into vectors. Part of every cache key."""
@@ -113,9 +116,8 @@ class EncoderConfig:
     model: str = "minilm"
     #: Hub revision (branch, tag or commit); ignored for local paths.
     revision: str | None = None
-    #: attention temperature (TempScale): attention logits are divided by tau_attn in every
-    #: self-attention layer at inference. 1.0 is the unmodified model; < 1 sharpens attention,
-    #: which counters the length-induced collapse of mean-pooled embeddings.
+    #: attention temperature (TempScale): attention logits divided by tau_attn in every self-attention layer at
+    #: inference. 1.0 is the unmodified model; < 1 sharpens attention (counters the length collapse of mean pooling).
     tau_attn: float = bounded(1.0, 0.0, 10.0, low_open=True)
     #: truncation length in tokens; None keeps the model's own max_seq_length.
     max_seq_length: int | None = bounded(None, 1, 32768, allow_none=True)
@@ -289,6 +291,8 @@ class AdapterConfig:
 
     @classmethod
     def from_dict(cls, d: dict[str, Any]) -> "AdapterConfig":
+        if not isinstance(d, Mapping):
+            raise TypeError(f"AdapterConfig.from_dict takes a mapping of fields; got {type(d).__name__}.")
         names = {f.name for f in dataclasses.fields(cls)}
         unknown = sorted(set(d) - names)
         if unknown:

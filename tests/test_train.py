@@ -1,6 +1,7 @@
 from __future__ import annotations
 
 import dataclasses
+import json
 
 import numpy as np
 import pytest
@@ -142,11 +143,15 @@ def test_bounds_reject_what_is_not_a_number_and_take_numpy_scalars():
         AdapterConfig(lr="0.1")
     with pytest.raises(ValueError, match=r"AdapterConfig.gamma=True is not a number"):
         AdapterConfig(gamma=True)
-    with pytest.raises(ValueError, match=r"AdapterConfig.epochs=2.0; allowed 1..1000"):
+    with pytest.raises(ValueError, match=r"AdapterConfig.epochs=2.0 is not a whole number; allowed 1..1000"):
         AdapterConfig(epochs=2.0)
+    with pytest.raises(ValueError, match=r"AdapterConfig.width='64' is not a whole number; allowed 1..4096"):
+        AdapterConfig(width="64")  # it said "width='64'; allowed 1..4096", as if 64 were out of range
     with pytest.raises(ValueError, match=r"AdapterConfig.tau=nan is out of range"):
         AdapterConfig(tau=float("nan"))
-    assert AdapterConfig(gamma=np.float32(0.25), lambda_c=100).gamma == np.float32(0.25)
+    cfg = AdapterConfig(gamma=np.float32(0.25), lambda_c=100, width=np.int64(64), epochs=np.int32(3))
+    assert (cfg.gamma, cfg.width, cfg.epochs) == (0.25, 64, 3)  # numpy ints were refused as "allowed 1..4096"
+    assert json.loads(json.dumps(cfg.to_dict()))["width"] == 64  # held as Python numbers: JSON, MLflow, cache keys
 
 
 @pytest.mark.integration
@@ -407,3 +412,24 @@ def test_a_damaged_saved_adapter_is_named_with_the_fix(tmp_path, damage, message
     damage(tmp_path)
     with pytest.raises(ValueError, match=message):
         load_adapter(tmp_path)
+
+
+def test_the_library_names_an_argument_of_the_wrong_kind_and_what_to_give(data_dir, stsb_embedded, tmp_path):
+    """Each used to fail deep inside (AttributeError, 'not iterable') or, for load_splits, read 'train' as the
+    splits 't', 'r', 'a', ... and name the split 't'."""
+    from embed_lib import EmbeddingCache, embed_task, load_splits
+
+    with pytest.raises(TypeError, match=r"^load_splits\(splits='train'\): give a list of split names, e.g. "
+                                        r"\['train'\]"):
+        load_splits("stsb", "train", data_dir)
+    with pytest.raises(TypeError, match=r"^AdapterConfig.from_dict takes a mapping of fields; got NoneType"):
+        AdapterConfig.from_dict(None)
+    with pytest.raises(TypeError, match=r"^prepare_study\(emb\) takes an EmbeddedTask \(embed_task; load_study does "
+                                        r"every step\); got dict"):
+        prepare_study({"train": None})
+    splits = load_splits("stsb", ["validation"], data_dir)
+    with pytest.raises(TypeError, match=r"^embed_task\(splits, cache\) takes \{split name: PairData\} \(load_splits\) "
+                                        r"and an EmbeddingCache .*; got str and EmbeddingCache"):
+        embed_task("stsb", EmbeddingCache(stsb_embedded.manifest, tmp_path))
+    with pytest.raises(TypeError, match=r"; got dict and str"):
+        embed_task(splits, "cache")

@@ -276,6 +276,9 @@ def distinct_texts(splits: Mapping[str, PairData]) -> list[str]:
 def load_splits(name: str, splits: Sequence[str] = SPLITS, data_dir: str | Path | None = None,
                 *, source: str = "auto") -> dict[str, PairData]:
     """The named splits; a custom task gives those of them its source has."""
+    if isinstance(splits, str):  # else read as the splits 't', 'r', 'a', ...
+        raise TypeError(f"load_splits(splits={splits!r}): give a list of split names, e.g. [{splits!r}] (load_task "
+                        "reads one split).")
     if name in CUSTOM:
         splits = [s for s in splits if s in CUSTOM[name][1]]
     return {s: load_task(name, s, data_dir, source=source) for s in splits}

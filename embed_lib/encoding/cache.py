@@ -219,6 +219,10 @@ class EmbeddedTask:
 
 def embed_task(splits: Mapping[str, PairData], cache: EmbeddingCache, encoder=None) -> EmbeddedTask:
     """Embed every distinct sentence of the given splits once (through the cache)."""
+    if not isinstance(splits, Mapping) or not isinstance(cache, EmbeddingCache):
+        raise TypeError(f"embed_task(splits, cache) takes {{split name: PairData}} (load_splits) and an EmbeddingCache "
+                        f"(EmbeddingCache(encoder.manifest())); got {type(splits).__name__} and "
+                        f"{type(cache).__name__}.")
     texts = distinct_texts(splits)
     row = {t: i for i, t in enumerate(texts)}
     vectors = cache.get(texts, encoder)

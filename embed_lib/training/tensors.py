@@ -129,6 +129,9 @@ def prepare_study(emb: EmbeddedTask, teacher_scores: Mapping[str, np.ndarray] | 
 
     Per-sentence aggregates of pair targets use train pairs only; other sentences get the train mean.
     """
+    if not isinstance(emb, EmbeddedTask):
+        raise TypeError(f"prepare_study(emb) takes an EmbeddedTask (embed_task; load_study does every step); got "
+                        f"{type(emb).__name__}.")
     X = torch.from_numpy(np.ascontiguousarray(emb.vectors))
     m = len(emb.texts)
     surface = surface_complexity(emb.texts, surface_weights)
