@@ -44,15 +44,21 @@ def _tracking_uri(args) -> str:
     return checked_tracking_uri(args.tracking_uri) if args.tracking_uri else default_tracking_uri()
 
 
+def parent_marker(args, name: str, storage: Path) -> Path:
+    """The file naming a sweep's MLflow parent run; with --resume, a FileNotFoundError unless the sweep is there."""
+    marker = storage / name / "mlflow_parent_run.json"
+    if args.resume and not marker.is_file():
+        raise FileNotFoundError(f"--resume: no sweep named {name!r} under {storage}; run without --resume first.")
+    return marker
+
+
 def _open_parent_run(args, name: str, storage: Path):
     """(tracking URI, experiment, parent run): the sweep's parent run, reopened on --resume."""
     tracking_uri = _tracking_uri(args)
     check_store_for_cluster(tracking_uri, len([n for n in ray.nodes() if n.get("Alive")]))
     mlflow.set_tracking_uri(tracking_uri)
     experiment = set_experiment(args.experiment or f"sweep-{args.task}", tracking_uri)
-    marker = storage / name / "mlflow_parent_run.json"
-    if args.resume and not marker.is_file():
-        raise FileNotFoundError(f"--resume: no sweep named {name!r} under {storage}; run without --resume first.")
+    marker = parent_marker(args, name, storage)
     parent_id = json.loads(marker.read_text())["run_id"] if args.resume else None
     parent = mlflow.start_run(run_id=parent_id, run_name=None if parent_id else name)
     marker.parent.mkdir(parents=True, exist_ok=True)
@@ -187,6 +193,10 @@ def cache_root(args) -> Path:
                         "--cache-dir / $EMBED_CACHE_DIR")
 
 
+def sweep_name(args, script: str) -> str:
+    return args.name or f"{script}-{args.task}" + ("-smoke" if args.smoke_test else "")
+
+
 def _settle(args, script: str, fixed: dict[str, Any]):
     """The task validated and the run's settings derived from the flags: (limit, fixed values, transfer tasks,
     run name, Tune storage, embedding cache)."""
@@ -197,7 +207,7 @@ def _settle(args, script: str, fixed: dict[str, Any]):
     if args.epochs is not None:
         fixed = {**fixed, "epochs": args.epochs}
     fixed = {**fixed, "task": args.task, "n_seeds": args.seeds}
-    name = args.name or f"{script}-{args.task}" + ("-smoke" if args.smoke_test else "")
+    name = sweep_name(args, script)
     storage = storage_dir(args)
     cache = cache_root(args)
     os.environ.setdefault("TUNE_GLOBAL_CHECKPOINT_S", "2")  # experiment state on disk often: --resume loses little
@@ -272,14 +282,16 @@ def sweep_main(doc: str, script: str, space_fn, space_keys: list[str], fixed: di
     try:  # a bad pair file, store or cache: one line naming it and the fix; nothing started
         args.task = resolve_task(args, args.task)
         check_settings(args, fixed)
-        _tracking_uri(args)
+        tracking_uri = _tracking_uri(args)
+        parent_marker(args, sweep_name(args, script), storage_dir(args))
         cache_root(args)
         writable_dir(storage_dir(args), "--storage-path / $EMBED_STORAGE_DIR")
     except (ValueError, FileNotFoundError, RuntimeError) as exc:
         parser.exit(2, f"error: {exc}\n")
     ray.init(address=args.address, ignore_reinit_error=True, log_to_driver=False)
-    try:  # --device against the cluster's GPUs: one line before MLflow opens a run
+    try:  # what the cluster decides (its GPUs for --device, its nodes for a local store): before MLflow opens a run
         precompute_on_gpu(args)
+        check_store_for_cluster(tracking_uri, len([n for n in ray.nodes() if n.get("Alive")]))
     except ValueError as exc:
         parser.exit(2, f"error: {exc}\n")
     out = run_sweep(args, script, space_fn, space_keys, fixed, start_points)

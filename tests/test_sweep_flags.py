@@ -104,6 +104,9 @@ def test_the_entry_script_stops_in_one_line_and_makes_nothing(tmp_path):
     for argv, line in [
         (["--seeds", "500"], "error: AdapterConfig.n_seeds=500; allowed 1..100."),
         (["--limit", "-5"], "argument --limit: -5 is below 1; give 1 or more"),
+        # a traceback after Ray had started and MLflow had made the store
+        (["--resume", "--name", "nope", "--storage-path", str(tmp_path / "tune")],
+         f"error: --resume: no sweep named 'nope' under {tmp_path}/tune; run without --resume first."),
     ]:
         proc = subprocess.run([sys.executable, str(ROOT / "sweeps" / "pair_residual.py"), "--task", "stsb",
                                "--tracking-uri", f"sqlite:///{store}", *argv], capture_output=True, text=True,
