@@ -6,8 +6,10 @@ from __future__ import annotations
 import argparse
 import json
 import os
+import shutil
 import subprocess
 import sys
+import tempfile
 from pathlib import Path
 
 import pytest
@@ -128,4 +130,40 @@ def test_a_gpu_device_on_a_cluster_without_gpus_stops_in_one_line(ray_cluster, t
     assert proc.stderr.strip().splitlines()[-1] == (
         "error: --device cuda, and this Ray cluster has no GPU: give cpu, leave --device unset, or join a GPU node "
         "first (an autoscaling cluster whose GPU nodes start at zero adds one for --gpus-per-trial > 0).")
+    assert not store.exists()
+
+
+def test_a_local_store_on_a_cluster_of_two_nodes_stops_in_one_line_before_mlflow_makes_it(tmp_path):
+    """Raised where the parent run opened, after Ray had started: a traceback, and the sqlite store already made.
+    The two-node cluster (ray.cluster_utils, for these seconds on the host's address: its nodes do not join on
+    loopback) runs in a process of its own, without the loopback-only and token settings of this session's Ray."""
+    store = tmp_path / "mlflow.db"
+    short = tempfile.mkdtemp(prefix="ray-")  # Ray's socket paths must fit 107 bytes
+    code = f"""
+import subprocess, sys
+from ray.cluster_utils import Cluster
+cluster = Cluster(initialize_head=True, head_node_args={{"num_cpus": 1, "include_dashboard": False,
+                                                        "temp_dir": {short!r}}})
+try:
+    cluster.add_node(num_cpus=1)
+    cluster.wait_for_nodes()
+    proc = subprocess.run([sys.executable, {str(ROOT / "sweeps" / "pair_residual.py")!r}, "--task", "stsb",
+                           "--tracking-uri", "sqlite:///{store}", "--storage-path", {str(tmp_path / "tune")!r}],
+                          capture_output=True, text=True, timeout=300, env={{**__import__("os").environ,
+                                                                            "RAY_ADDRESS": cluster.address}})
+finally:
+    cluster.shutdown()
+print(proc.returncode, proc.stderr.strip().splitlines()[-1])
+"""
+    env = {k: v for k, v in os.environ.items()
+           if k not in ("RAY_ENABLE_WINDOWS_OR_OSX_CLUSTER", "RAY_AUTH_MODE", "RAY_AUTH_TOKEN_PATH")}
+    try:
+        out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, env=env, cwd=tmp_path,
+                             timeout=400)
+    finally:
+        shutil.rmtree(short, ignore_errors=True)
+    assert out.stdout.strip() == (
+        f"2 error: MLflow store 'sqlite:///{store}' is a local path, and this Ray cluster has 2 nodes, which share no "
+        "disk: start an MLflow server on the head (mlflow server --serve-artifacts ...; cluster/nodes.py start does) "
+        "and set MLFLOW_TRACKING_URI (or --tracking-uri) to its http:// URL."), out.stderr[-2000:]
     assert not store.exists()
