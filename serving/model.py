@@ -52,7 +52,7 @@ def pinned_uri(model_uri: str, tracking_uri: str | None) -> str:
     that does not exist is named, not made (MLflow would make an empty one and then not find the model)."""
     store = tracking_uri or os.environ.get("MLFLOW_TRACKING_URI")
     try:
-        if store:
+        if store and model_uri.startswith("models:/"):
             require_store(store)
         info = registry_info(model_uri, tracking_uri)
     except Exception as exc:  # MLflow's errors name neither the field nor the fix
