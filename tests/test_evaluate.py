@@ -83,6 +83,7 @@ def test_evaluate_scores_the_registered_model_as_served_beside_the_frozen_cosine
     assert r["model"]["spearman"] == pytest.approx(spearman(served["score"].to_numpy(), test.data.label), abs=1e-6)
     assert r["delta"]["spearman"] == pytest.approx(r["model"]["spearman"] - r["frozen_cosine"]["spearman"])
     assert len(r["seed_spearman_deltas"]) == 3 and r["adapter"] == "pair_gated" and r["trained_on"] == "stsb"
+    assert r["not_held_out"] is None  # its task's test split
     assert r["model_version"] == model_uri.rsplit("/", 1)[1]
     b = r["spearman_delta_bootstrap"]
     assert b["resamples"] == 200 and b["low"] <= b["high"] and 0.0 <= b["share_above_0"] <= 1.0
@@ -110,8 +111,24 @@ def test_evaluate_on_a_holdout_file_of_ones_own(registered, stsb_embedded, tmp_p
     r = json.loads((tmp_path / "h.json").read_text())
     assert r["pairs"] == len(frame) and r["task"] == "holdout" and "spearman_delta_bootstrap" not in r
     assert r["model_uri"] == model_uri and r["model_version"] == version
+    assert r["not_held_out"] is None  # another task's pairs
     assert main([*args, "--eval-split", "validation"]) == 2
     assert "--eval-split validation: holdout has only ['test']; give --eval-split test." in capsys.readouterr().err
+
+
+@pytest.mark.parametrize("split, note", [
+    ("train", "the model trained on these pairs, so its delta here is no held-out figure (test is)"),
+    ("validation", "the sweep chose the model by its delta on these pairs, so the figure here is optimistic (test is "
+                   "held out)"),
+])
+def test_evaluate_on_a_split_the_model_trained_or_was_chosen_on_says_so(registered, tmp_path, capsys, split, note):
+    """Its figures used to read like a held-out result (train: +0.075 Spearman for make run's champion)."""
+    uri, model_uri = registered
+    out = tmp_path / "e.md"
+    assert main(["evaluate", "--task", "stsb", "--eval-split", split, "--model-uri", model_uri, "--tracking-uri", uri,
+                 "--bootstrap", "0", "--out", str(out)]) == 0
+    assert json.loads(out.with_suffix(".json").read_text())["not_held_out"] == note
+    assert f"**Not held out:** {note}." in capsys.readouterr().out.splitlines()
 
 
 def test_evaluate_refuses_what_it_cannot_score(registered, tmp_path, capsys):

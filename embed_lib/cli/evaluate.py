@@ -127,7 +127,7 @@ def evaluation(args: argparse.Namespace) -> dict:
            "encoder": {k: manifest.get(k) for k in ("encoder", "revision", "backend", "tau_attn", "dim")},
            "frozen_cosine": evaluate(cos, y, split.binary),
            "model": evaluate(score, y, split.binary),
-           "seed_spearman_deltas": seed_deltas}
+           "seed_spearman_deltas": seed_deltas, "not_held_out": not_held_out(config.task, args.task, args.eval_split)}
     out["delta"] = _deltas(out["model"], out["frozen_cosine"])
     if args.bootstrap:
         out["spearman_delta_bootstrap"] = paired_bootstrap(score, cos, y, args.bootstrap)
@@ -138,6 +138,15 @@ def evaluation(args: argparse.Namespace) -> dict:
                                       ce_scores, middle, out["frozen_cosine"], split)
     out["seconds"] = round(time.perf_counter() - t0, 1)
     return out
+
+
+def not_held_out(trained_on: str, task: str, split: str) -> str | None:
+    """Why a split of the model's own task is no held-out test of it (None for test and for other tasks)."""
+    if trained_on != task:
+        return None
+    return {"train": "the model trained on these pairs, so its delta here is no held-out figure (test is)",
+            "validation": "the sweep chose the model by its delta on these pairs, so the figure here is optimistic "
+                          "(test is held out)"}.get(split)
 
 
 def _deltas(metrics: dict, base: dict) -> dict:
@@ -190,6 +199,7 @@ def markdown(r: dict) -> str:
              f", trained on {r['trained_on']}; encoder {r['encoder']['encoder']} (from the "
              f"model's manifest). {r['pairs']:,} pairs ({r['split_note']}). Model: the mean over its "
              f"{len(r['seed_spearman_deltas'])} seeds, as served.", "",
+             *([f"**Not held out:** {r['not_held_out']}.", ""] if r.get("not_held_out") else []),
              "| metric | frozen cosine | model | delta |", "|---|---|---|---|"]
     lines += [f"| {k} | {r['frozen_cosine'][k]:.4f} | {r['model'][k]:.4f} | {d:+.4f} |" for k, d in r["delta"].items()]
     d = np.asarray(r["seed_spearman_deltas"])
