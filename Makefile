@@ -69,20 +69,27 @@ smoke: venv
 	$(BIN)/python sweeps/pair_residual.py --task $(TASK) --smoke-test
 
 ## the MLflow champion as a service on http://127.0.0.1:8000 (serving/config.yaml); stop: make cluster-stop. A deploy
-## that fails stops the cluster it started
+## that fails stops the cluster it started. TASK=qqp (mrpc, paws) serves that task's champion; SERVE_ARGS="KEY=VALUE
+## ..." sets arguments of the application (serving/args.py), e.g. model_uri=models:/pair-residual-<task>/3
+SERVE_ARGS ?=
+TASK_SERVE = $(if $(filter mrpc qqp paws,$(TASK)),model_uri=models:/pair-residual-$(TASK)@champion warm_corpus=task:$(TASK))
 serve: venv
 	@started=0; cluster/local.sh status >/dev/null 2>&1 || { cluster/local.sh start && started=1; }; \
-	cluster/local.sh serve serving/config.yaml || { rc=$$?; [[ $$started == 0 ]] || cluster/local.sh stop; exit $$rc; }
+	cluster/local.sh serve serving/config.yaml $(TASK_SERVE) $(SERVE_ARGS) \
+	  || { rc=$$?; [[ $$started == 0 ]] || cluster/local.sh stop; exit $$rc; }
 
 ## the teacher as a served cross-encoder: one model on all of $(TASK)'s train split, registered in MLflow as
 ## models:/cross-encoder-$(TASK)@current (about 5 min on 2 cores for STS-B once make run has trained its teacher)
 teacher: venv
 	$(BIN)/python -m embed_lib teacher --task $(TASK) --teacher-preset fast
 
-## the champion with the difficulty-routed cascade (serving/config_cascade.yaml); needs make run and make teacher
+## the champion with the difficulty-routed cascade (serving/config_cascade.yaml); needs make run and make teacher (the
+## same TASK; SERVE_ARGS as for serve)
 serve-cascade: venv
 	@started=0; cluster/local.sh status >/dev/null 2>&1 || { cluster/local.sh start && started=1; }; \
-	cluster/local.sh serve serving/config_cascade.yaml || { rc=$$?; [[ $$started == 0 ]] || cluster/local.sh stop; exit $$rc; }
+	cluster/local.sh serve serving/config_cascade.yaml $(TASK_SERVE) \
+	  $(if $(TASK_SERVE),cross_encoder=models:/cross-encoder-$(TASK)@current) $(SERVE_ARGS) \
+	  || { rc=$$?; [[ $$started == 0 ]] || cluster/local.sh stop; exit $$rc; }
 
 cluster-start: venv
 	cluster/local.sh start

@@ -6,7 +6,8 @@
 #   cluster/local.sh start | stop | status | submit -- python sweeps/pair_residual.py --task stsb
 #   cluster/local.sh start --nodes 3 [--gpus-per-worker 1]   # head + 2 worker nodes sharing no disk (cluster/nodes.py)
 #   cluster/local.sh start --autoscale                       # head only (= --nodes 1 --autoscale); Ray's autoscaler adds worker nodes on demand
-#   cluster/local.sh serve [serving/config.yaml]   # serve deploy on this cluster, wait until RUNNING
+#   cluster/local.sh serve [serving/config.yaml] [KEY=VALUE ...]   # serve deploy on this cluster, wait until RUNNING;
+#                                                  # KEY=VALUE sets an argument of its applications (cluster/serve_config.py)
 #   eval "$(cluster/local.sh env)"                 # this shell's Ray clients (a driver run by hand) reach it
 #
 # Environment: VENV (.venv), EMBED_RAY_DIR (.cache/ray_local), RAY_PORT (6390), RAY_DASHBOARD_PORT (8265),
@@ -201,10 +202,18 @@ case "${1:-}" in
     grep -o "Job '$id' submitted successfully" "$out" || true
     python3 "$ROOT/cluster/dashboard.py" follow-job "$DASH_URL" "$id" ;;
   serve)
-    # deploy a Serve config (default serving/config.yaml) on this cluster and wait until it is RUNNING
-    config="${2:-$ROOT/serving/config.yaml}"
+    # deploy a Serve config (default serving/config.yaml) on this cluster and wait until it is RUNNING; KEY=VALUE
+    # after it sets that argument of every application (model_uri=models:/pair-residual-qqp@champion), in a copy
+    # under the cluster's state dir, checked against the application's arguments first (cluster/serve_config.py)
+    shift
+    config="$ROOT/serving/config.yaml"
+    if (( $# )) && [[ "$1" != *=* ]]; then config="$1"; shift; fi
     [[ -f "$config" ]] || { echo "serve: no Serve config at $config (e.g. serving/config.yaml)" >&2; exit 2; }
     config="$(realpath "$config")"
+    if (( $# )); then
+      python3 "$ROOT/cluster/serve_config.py" "$config" "$STATE/serve/$(basename "$config")" "$@" || exit 2
+      config="$STATE/serve/$(basename "$config")"
+    fi
     running || multi || { echo "local Ray is not running: cluster/local.sh start first" >&2; exit 1; }
     cd "$ROOT"
     serve deploy "$config" --address "$DASH_URL"
@@ -218,5 +227,6 @@ case "${1:-}" in
       *) echo "ingress: Ray Serve's Python proxy" ;;
     esac ;;
   *)
-    echo "usage: $0 start | stop | status | env | job-env | submit -- COMMAND... | serve [CONFIG]" >&2; exit 2 ;;
+    echo "usage: $0 start | stop | status | env | job-env | submit -- COMMAND... | serve [CONFIG] [KEY=VALUE...]" >&2
+    exit 2 ;;
 esac

@@ -116,12 +116,44 @@ def test_a_start_option_or_command_the_script_cannot_run_is_refused_before_anyth
         (["serve", str(tmp_path / "none.yaml")], f"serve: no Serve config at {tmp_path}/none.yaml (e.g. serving/"),
         (["submit", "--", "python", "x.py"], f"submit: local Ray is not running ({tmp_path}/ray): cluster/local.sh "
                                              "start first"),
+        # arguments of the served application (cluster/serve_config.py), checked before the cluster is looked at
+        (["serve", str(CLUSTER.parent / "serving" / "config.yaml"), "max_pair=3"],
+         "serve: 'max_pair=3': give KEY=VALUE with KEY an argument of the serving application, one of ['access_log'"),
+        (["serve", "max_pairs=0"], "serve: max_pairs: Input should be greater than or equal to 1 (application "
+                                   "'pair-scorer')."),
     ]:
         proc = subprocess.run(["bash", str(CLUSTER / "local.sh"), *argv], env=env, capture_output=True, text=True,
                               timeout=60)
         assert proc.returncode == (1 if argv[-1] == "x.py" else 2), (argv, proc.stdout, proc.stderr)
         assert line in proc.stderr.strip().splitlines()[-1], (argv, proc.stderr)
     assert not (tmp_path / "ray").exists()  # no state dir: nothing was started
+
+
+def test_serve_arguments_from_the_command_line_set_every_application_and_keep_the_rest():
+    """`cluster/local.sh serve CONFIG KEY=VALUE ...` (`make serve TASK=qqp`, SERVE_ARGS): values read as YAML, set in
+    every application of a copy of the config, the config itself untouched."""
+    sys.path.insert(0, str(CLUSTER))
+    try:
+        import serve_config
+    finally:
+        sys.path.remove(str(CLUSTER))
+    source = CLUSTER.parent / "serving" / "config_cascade.yaml"
+    before = source.read_text()
+    config = yaml.safe_load(before)
+    config["applications"].append({**config["applications"][0], "name": "second"})
+    out = serve_config.overridden(config, ["model_uri=models:/pair-residual-qqp@champion", "max_pairs=8",
+                                           "warm_corpus=null", "encoder={min: 1, max: 1, num_cpus: 0.25}"])
+    for app in out["applications"]:
+        assert app["args"]["model_uri"] == "models:/pair-residual-qqp@champion"
+        assert app["args"]["max_pairs"] == 8 and app["args"]["warm_corpus"] is None
+        assert app["args"]["encoder"] == {"min": 1, "max": 1, "num_cpus": 0.25}
+        assert app["args"]["cross_encoder"] == "models:/cross-encoder-stsb@current"  # not named: as it was
+    assert source.read_text() == before
+    with pytest.raises(ValueError, match=r"^cascade_budget: Input should be less than or equal to 1 \(application "
+                                         r"'pair-scorer'\)"):
+        serve_config.overridden(yaml.safe_load(before), ["cascade_budget=2"])
+    with pytest.raises(ValueError, match="the config lists no application"):
+        serve_config.overridden({}, ["max_pairs=8"])
 
 
 def _container_env(manifest: dict) -> list[dict[str, str]]:

@@ -544,7 +544,8 @@ def test_an_encoder_mismatch_refuses_to_start(served):
 @pytest.mark.slow
 def test_serve_deploy_of_the_config_through_local_sh(served, ray_cluster, tmp_path):
     """The deploy path users run (`make serve`): serving/config.yaml through `cluster/local.sh serve`, as a
-    second application under /deployed beside the fixture's (removed again at the end)."""
+    second application under /deployed beside the fixture's (removed again at the end), with two of its arguments set
+    on the command line (`make serve SERVE_ARGS=...`)."""
     import subprocess
 
     import yaml
@@ -556,11 +557,15 @@ def test_serve_deploy_of_the_config_through_local_sh(served, ray_cluster, tmp_pa
     config["http_options"]["port"] = int(served["url"].rsplit(":", 1)[1])
     (app,) = config["applications"]
     app["route_prefix"] = "/deployed"
-    app["args"].update(tracking_uri=served["tracking_uri"], warm_corpus=None,
-                       encoder={"min": 1, "max": 1, "num_cpus": 0.25}, ingress={"min": 1, "max": 1, "num_cpus": 0.25})
+    app["args"].update(tracking_uri=served["tracking_uri"], encoder={"min": 1, "max": 1, "num_cpus": 0.25},
+                       ingress={"min": 1, "max": 1, "num_cpus": 0.25})
     path = tmp_path / "config.yaml"
     path.write_text(yaml.safe_dump(config))
-    out = subprocess.run([str(REPO / "cluster" / "local.sh"), "serve", str(path)], env=ray_cluster,
+    local = [str(REPO / "cluster" / "local.sh"), "serve", str(path)]
+    refused = subprocess.run([*local, "max_pair=3"], env=ray_cluster, capture_output=True, text=True, timeout=60)
+    assert refused.returncode == 2 and refused.stderr.startswith("serve: 'max_pair=3': give KEY=VALUE with KEY an "
+                                                                 "argument of the serving application, one of")
+    out = subprocess.run([*local, "warm_corpus=null", f"max_pairs={len(PAIRS)}"], env=ray_cluster,
                          capture_output=True, text=True, timeout=600)
     assert out.returncode == 0, out.stdout + out.stderr
     assert "Serve application RUNNING" in out.stdout
@@ -569,6 +574,10 @@ def test_serve_deploy_of_the_config_through_local_sh(served, ray_cluster, tmp_pa
         assert health == {"status": "ok", "model": f"pair-residual-stsb/{_champion(served)}"}
         r = requests.post(served["url"] + "/deployed/v1/score", json={"pairs": PAIRS}, timeout=60)
         assert r.status_code == 200 and len(r.json()["data"]) == len(PAIRS)
+        models = requests.get(served["url"] + "/deployed/v1/models", timeout=30).json()["data"][0]
+        assert models["limits"]["max_pairs"] == len(PAIRS)  # set on the command line
+        r = requests.post(served["url"] + "/deployed/v1/score", json={"pairs": PAIRS + PAIRS[:1]}, timeout=60)
+        assert r.status_code == 422 and r.json()["error"]["field"] == "pairs"
     finally:
         from ray import serve
 
