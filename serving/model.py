@@ -58,8 +58,8 @@ def pinned_uri(model_uri: str, tracking_uri: str | None) -> str:
     except Exception as exc:  # MLflow's errors name neither the field nor the fix
         raise ValueError(f"Cannot load {model_uri!r} from MLflow ({store or 'default tracking URI'}): "
                          f"{str(exc).rstrip('.')}. Check model_uri (models:/<name>@<alias>) and tracking_uri; `make "
-                         "run` registers models:/pair-residual-stsb@champion in this clone's store, and `python -m "
-                         "embed_lib registry --name <name>` lists what a store has.") from exc
+                         "run TASK=<task>` registers models:/pair-residual-<task>@champion in this clone's store, and "
+                         "`python -m embed_lib registry --name <name>` lists what a store has.") from exc
     if info.get("alias") and info.get("version"):
         return f"models:/{info['name']}/{info['version']}"
     return model_uri

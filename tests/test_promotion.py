@@ -143,8 +143,9 @@ def test_serving_a_champion_from_a_store_without_it_names_the_store_and_how_to_r
 
     missing = f"sqlite:///{tmp_path / 'none' / 'mlflow.db'}"
     (tmp_path / "none").mkdir()
-    with pytest.raises(ValueError, match=rf"No MLflow store at {missing} \(nothing was tracked there yet\).*`make run` "
-                                         r"registers models:/pair-residual-stsb@champion in this clone's store"):
+    with pytest.raises(ValueError, match=rf"No MLflow store at {missing} \(nothing was tracked there yet\).*`make run "
+                                         r"TASK=<task>` registers models:/pair-residual-<task>@champion in this clone's "
+                                         r"store"):
         pinned_uri("models:/pair-residual-stsb@champion", missing)
     assert not any((tmp_path / "none").iterdir())  # no empty store made
     uri, _ = store  # a store without the model
