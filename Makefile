@@ -55,6 +55,8 @@ constraints:
 ## main job: local Ray cluster -> `ray job submit` of the STS-B sweep -> champion in the MLflow registry
 run: venv
 	@echo "$(DATA_NOTE)"
+	@# options are checked here, in seconds, before a cluster starts (inside the job it took ~15 s to the same line)
+	@[[ -z "$(strip $(SWEEP_ARGS))" ]] || $(BIN)/python sweeps/pair_residual.py --task $(TASK) $(SWEEP_ARGS) --check-flags
 	@started=0; cluster/local.sh status >/dev/null 2>&1 || { cluster/local.sh start && started=1; }; \
 	cluster/local.sh submit -- python sweeps/pair_residual.py --task $(TASK) $(SWEEP_ARGS); rc=$$?; \
 	[[ $$started == 1 ]] && cluster/local.sh stop; \

@@ -19,14 +19,8 @@ from ray import tune
 from ray.tune.schedulers import ASHAScheduler
 from ray.tune.search.optuna import OptunaSearch
 
-from embed_lib.cli.args import (
-    encoder_config,
-    resolve_task,
-    skip_exit_collection,
-    teacher_config,
-    teacher_progress,
-    teacher_summary,
-)
+from embed_lib.cli.args import (encoder_config, resolve_task, skip_exit_collection, teacher_config, teacher_progress,
+                                teacher_summary)
 from embed_lib.config import default_cache_dir, writable_dir
 from embed_lib.teacher.config import preset_of
 from embed_lib.teacher.workers import cpu_cores
@@ -288,6 +282,8 @@ def sweep_main(doc: str, script: str, space_fn, space_keys: list[str], fixed: di
         writable_dir(storage_dir(args), "--storage-path / $EMBED_STORAGE_DIR")
     except (ValueError, FileNotFoundError, RuntimeError) as exc:
         parser.exit(2, f"error: {exc}\n")
+    if args.check_flags:  # `make run SWEEP_ARGS=...`, before it starts a cluster
+        parser.exit(0, "sweep flags, task, store and directories checked\n")
     ray.init(address=args.address, ignore_reinit_error=True, log_to_driver=False)
     try:  # what the cluster decides (its GPUs for --device, its nodes for a local store): before MLflow opens a run
         precompute_on_gpu(args)

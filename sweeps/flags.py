@@ -97,6 +97,8 @@ def add_sweep_args(p, *, default_samples: int) -> None:
     p.add_argument("--limit", type=int_at_least(1), default=None,
                    help="first N pairs of every split; the winner registers as pair-residual-<task>-limited, never "
                         "touching the aliases of pair-residual-<task>")
+    p.add_argument("--check-flags", action="store_true",
+                   help="check the flags, the task and the stores as the sweep would, then exit (0: they would run)")
     p.add_argument("--smoke-test", action="store_true",
                    help="whole path on 48 pairs per split, 2 seeds, 2 epochs, 3 trials, a tiny teacher; the winner "
                         "registers as pair-residual-<task>-smoke, never touching the aliases of pair-residual-<task>")

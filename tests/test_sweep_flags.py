@@ -118,6 +118,22 @@ def test_the_entry_script_stops_in_one_line_and_makes_nothing(tmp_path):
     assert not store.exists() and not (tmp_path / "cache").exists() and not (tmp_path / "ray").exists()
 
 
+def test_check_flags_checks_and_starts_nothing(tmp_path):
+    """`make run SWEEP_ARGS=...` runs this before it starts a cluster: good flags exit 0 with no Ray session and no
+    MLflow store; bad ones give the sweep's own line (exit 2)."""
+    env = {**os.environ, "HF_HUB_OFFLINE": "1", "RAY_TMPDIR": str(tmp_path / "ray")}
+    store = tmp_path / "mlflow.db"
+    base = [sys.executable, str(ROOT / "sweeps" / "pair_residual.py"), "--task", "stsb", "--tracking-uri",
+            f"sqlite:///{store}", "--check-flags"]
+    good = subprocess.run([*base, "--num-samples", "4"], capture_output=True, text=True, env=env, cwd=tmp_path,
+                          timeout=300)
+    assert good.returncode == 0 and good.stderr.strip() == "sweep flags, task, store and directories checked", good
+    bad = subprocess.run([*base, "--seeds", "500"], capture_output=True, text=True, env=env, cwd=tmp_path,
+                         timeout=300)
+    assert bad.returncode == 2 and bad.stderr.strip() == "error: AdapterConfig.n_seeds=500; allowed 1..100."
+    assert not store.exists() and not (tmp_path / "ray").exists()
+
+
 def test_a_gpu_device_on_a_cluster_without_gpus_stops_in_one_line(ray_cluster, tmp_path):
     """--device used to be ignored by the sweep: `cuda` on a CPU cluster ran on the CPUs, `cpu` on a GPU cluster on
     the GPUs. Now `cuda` where no GPU is and no trial asks for one stops before MLflow opens a run."""
