@@ -32,6 +32,14 @@ def test_unknown_task_is_a_usage_error(capsys):
             ".jsonl, .parquet) or hf:<dataset id>[:<config>]") in capsys.readouterr().err
 
 
+@pytest.mark.parametrize("command", ["train", "diagnostics", "retrieval", "teacher", "evaluate"])
+def test_all_tasks_is_refused_by_the_commands_that_run_on_one(command, capsys):
+    """Their --task help offered 'all', and each then said "Unknown task 'all'"."""
+    assert main([command, "--task", "all"]) == 2
+    assert capsys.readouterr().err == (f"error: --task all: {command} runs on one task; give one of ['mrpc', 'paws', "
+                                       "'qqp', 'stsb'] or a pair file (baseline and study take all).\n")
+
+
 def test_teacher_preset_flags_name_the_preset_and_the_fix():
     from embed_lib.cli.parser import build_parser
     from embed_lib.cli.args import preset_for, teacher_config

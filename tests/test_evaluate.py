@@ -134,7 +134,7 @@ def test_evaluate_on_a_split_the_model_trained_or_was_chosen_on_says_so(register
 def test_evaluate_refuses_what_it_cannot_score(registered, tmp_path, capsys):
     uri, model_uri = registered
     assert main(["evaluate", "--task", "all", "--model-uri", model_uri, "--tracking-uri", uri]) == 2
-    assert "evaluate scores one task" in capsys.readouterr().err
+    assert "--task all: evaluate runs on one task" in capsys.readouterr().err
     assert main(["evaluate", "--model-uri", "models:/nope@champion", "--tracking-uri", uri]) == 2
     assert capsys.readouterr().err.startswith("error: MLflow:")
     assert main(["evaluate", "--tracking-uri", f"sqlite:///{tmp_path / 'none.db'}"]) == 2

@@ -31,9 +31,14 @@ from embed_lib.encoding.encoders import check_device
 from embed_lib.tracking.runs import checked_tracking_uri
 
 
-def _add_common(p: argparse.ArgumentParser) -> None:
-    p.add_argument("--task", default="stsb", help=f"one of {task_names()}, 'all', or your own pairs: a .csv / "
-                                                  ".tsv / .jsonl / .parquet file or hf:<dataset id> (default: stsb)")
+#: the commands that take --task all (study also takes tasks separated by commas)
+MANY_TASKS = ("baseline", "study")
+
+
+def _add_common(p: argparse.ArgumentParser, many: bool = False) -> None:
+    p.add_argument("--task", default="stsb", help=f"one of {task_names()}{', all' if many else ''}, or your own "
+                                                  "pairs: a .csv / .tsv / .jsonl / .parquet file or hf:<dataset id> "
+                                                  "(default: stsb)")
     add_encoder_flags(p)
     add_data_flags(p)
     add_custom_data_flags(p)
@@ -62,7 +67,7 @@ def build_parser() -> argparse.ArgumentParser:
                                      formatter_class=argparse.RawDescriptionHelpFormatter)
     sub = parser.add_subparsers(dest="command", required=True)
     p = sub.add_parser("baseline", help="frozen cosine baseline on every split")
-    _add_common(p)
+    _add_common(p, many=True)
     p.add_argument("--out", default=None, help="results file (default: results/baseline_<task>.md)")
     p.set_defaults(func=cmd_baseline)
 
@@ -77,7 +82,7 @@ def build_parser() -> argparse.ArgumentParser:
     p.set_defaults(func=cmd_train)
 
     p = sub.add_parser("study", help="every form and control of the reference study -> markdown + JSON")
-    _add_common(p)
+    _add_common(p, many=True)
     add_adapter_flags(p)
     add_teacher_flags(p)
     p.add_argument("--arms", choices=["all", "pair", "per_sentence"], default="all",
@@ -122,6 +127,9 @@ def main(argv: Sequence[str] | None = None) -> int:
     if task is not None:
         listed = task.split(",") if args.command == "study" else [task]
         try:  # a file or hf:<id> is validated here, before anything is encoded, cached or logged
+            if task == "all" and args.command not in MANY_TASKS:
+                raise ValueError(f"--task all: {args.command} runs on one task; give one of {task_names()} or a "
+                                 f"pair file ({' and '.join(MANY_TASKS)} take all).")
             if task == "all":
                 refuse_pair_file_flags(args, task)
             else:
