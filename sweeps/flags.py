@@ -114,7 +114,10 @@ def transfer_tasks(value: str, task: str) -> list[str]:
     unknown = sorted(set(names) - set(task_names()))
     if unknown:
         raise ValueError(f"--transfer: unknown task(s) {unknown}. Valid: {task_names()}, 'others' or 'none'.")
-    return [t for t in names if t != task]
+    if task in names:  # it used to be dropped without a word: --transfer stsb on stsb was no check at all
+        raise ValueError(f"--transfer {value}: {task!r} is the sweep's own task, no transfer check; give other tasks, "
+                         "'others' or 'none'.")
+    return list(dict.fromkeys(names))  # in the order given, each once
 
 
 def tau_values(text: str) -> list[float]:

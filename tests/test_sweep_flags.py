@@ -60,6 +60,8 @@ def test_the_edges_of_each_range_are_accepted():
     (("--teacher-folds", "1"), r"TeacherConfig.folds=1; allowed 2..20"),
     (("--teacher-preset", "nope"), r"--teacher-preset 'nope': unknown preset 'nope'"),
     (("--transfer", "bogus"), r"--transfer: unknown task\(s\) \['bogus'\]"),
+    (("--transfer", "qqp,stsb"), r"--transfer qqp,stsb: 'stsb' is the sweep's own task, no transfer check; give other "
+                                 r"tasks, 'others' or 'none'"),
     (("--tau-attn-values", "1,x"), r"--tau-attn-values '1,x': expected numbers separated by commas"),
     (("--tau-attn-values", "0"), r"EncoderConfig.tau_attn=0.0 is out of range"),
     (("--search", "grid"), r"--search grid needs values: give --grid KEY=V1,V2"),
