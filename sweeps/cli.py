@@ -27,7 +27,7 @@ from embed_lib.teacher.workers import cpu_cores
 from embed_lib.tracking.registry import model_name
 from embed_lib.tracking.runs import (check_store_for_cluster, checked_tracking_uri, default_tracking_uri, git_info,
                                      local_store_path, log_task_inputs, set_experiment, ui_link)
-from sweeps.flags import add_sweep_args, check_settings, parse_grid, tau_values, transfer_tasks
+from sweeps.flags import add_sweep_args, check_settings, parse_grid, tau_values, transfer_tasks, unplaceable
 from sweeps.mlflow_callback import MLflowTrialCallback, close_orphans
 from sweeps.report import finish_sweep
 from sweeps.trainable import MAX_EPOCHS, METRIC, MODE, make_trainable, precompute
@@ -290,6 +290,7 @@ def sweep_main(doc: str, script: str, space_fn, space_keys: list[str], fixed: di
         check_store_for_cluster(tracking_uri, len([n for n in ray.nodes() if n.get("Alive")]))
     except ValueError as exc:
         parser.exit(2, f"error: {exc}\n")
+    sys.stderr.write("".join(f"{w}\n" for w in unplaceable(ray.nodes(), args.cpus_per_trial, args.gpus_per_trial)))
     out = run_sweep(args, script, space_fn, space_keys, fixed, start_points)
     print(json.dumps({k: v for k, v in out.items() if k not in ("summary", "config")}, default=str))
 

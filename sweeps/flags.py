@@ -157,3 +157,15 @@ def check_settings(args, fixed: dict[str, Any]) -> None:
             AdapterConfig.from_dict({**dict(zip(grid, combo)), **fixed})
         except (TypeError, ValueError) as exc:
             raise ValueError(f"--grid point {dict(zip(grid, combo))}: {exc}") from None
+
+
+def unplaceable(nodes: list[dict], cpus_per_trial: float, gpus_per_trial: float) -> list[str]:
+    """Warnings for a trial no alive node of `nodes` (ray.nodes()) can hold now: Tune waits for one without end on a
+    fixed cluster, and says so only after a minute of silence."""
+    out = []
+    for flag, what, need in (("--cpus-per-trial", "CPU", cpus_per_trial), ("--gpus-per-trial", "GPU", gpus_per_trial)):
+        most = max((n.get("Resources", {}).get(what, 0) for n in nodes if n.get("Alive")), default=0)
+        if need > most:
+            out.append(f"warning: {flag} {need:g}, and no node of this cluster has more than {most:g} {what} now: the "
+                       "trials wait until one joins (an autoscaling cluster adds it); on a fixed cluster, lower it.")
+    return out

@@ -185,3 +185,18 @@ print(proc.returncode, proc.stderr.strip().splitlines()[-1])
         "disk: start an MLflow server on the head (mlflow server --serve-artifacts ...; cluster/nodes.py start does) "
         "and set MLFLOW_TRACKING_URI (or --tracking-uri) to its http:// URL."), out.stderr[-2000:]
     assert not store.exists()
+
+
+def test_a_trial_no_node_can_hold_is_warned_of_before_tune_waits_for_one():
+    from sweeps.flags import unplaceable
+
+    nodes = [{"Alive": True, "Resources": {"CPU": 2.0}}, {"Alive": True, "Resources": {"CPU": 1.0, "GPU": 1.0}},
+             {"Alive": False, "Resources": {"CPU": 16.0, "GPU": 8.0}}]  # a dead node holds nothing
+    assert unplaceable(nodes, 2.0, 1.0) == []
+    assert unplaceable(nodes, 4.0, 2.0) == [
+        "warning: --cpus-per-trial 4, and no node of this cluster has more than 2 CPU now: the trials wait until one "
+        "joins (an autoscaling cluster adds it); on a fixed cluster, lower it.",
+        "warning: --gpus-per-trial 2, and no node of this cluster has more than 1 GPU now: the trials wait until one "
+        "joins (an autoscaling cluster adds it); on a fixed cluster, lower it."]
+    assert unplaceable([], 0.5, 0.0)[0].startswith("warning: --cpus-per-trial 0.5, and no node of this cluster has "
+                                                    "more than 0 CPU now")
