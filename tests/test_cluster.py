@@ -132,11 +132,7 @@ def test_a_start_option_or_command_the_script_cannot_run_is_refused_before_anyth
 def test_serve_arguments_from_the_command_line_set_every_application_and_keep_the_rest():
     """`cluster/local.sh serve CONFIG KEY=VALUE ...` (`make serve TASK=qqp`, SERVE_ARGS): values read as YAML, set in
     every application of a copy of the config, the config itself untouched."""
-    sys.path.insert(0, str(CLUSTER))
-    try:
-        import serve_config
-    finally:
-        sys.path.remove(str(CLUSTER))
+    serve_config = _script("serve_config")
     source = CLUSTER.parent / "serving" / "config_cascade.yaml"
     before = source.read_text()
     config = yaml.safe_load(before)
@@ -197,14 +193,18 @@ def test_serve_env_file_errors_name_the_line(tmp_path):
         serve_env(bad)
 
 
-def _dashboard():
-    """cluster/dashboard.py, a script of local.sh (cluster/ is not a package)."""
+def _script(name: str):
+    """cluster/<name>.py, a script of local.sh (cluster/ is not a package)."""
     import importlib.util
 
-    spec = importlib.util.spec_from_file_location("dashboard", CLUSTER / "dashboard.py")
+    spec = importlib.util.spec_from_file_location(name, CLUSTER / f"{name}.py")
     module = importlib.util.module_from_spec(spec)
     spec.loader.exec_module(module)
     return module
+
+
+def _dashboard():
+    return _script("dashboard")
 
 
 def _serve_verdict(config_path: Path, answer) -> str:
