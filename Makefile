@@ -76,6 +76,7 @@ smoke: venv
 SERVE_ARGS ?=
 TASK_SERVE = $(if $(filter mrpc qqp paws,$(TASK)),model_uri=models:/pair-residual-$(TASK)@champion warm_corpus=task:$(TASK))
 serve: venv
+	@[[ -z "$(strip $(TASK_SERVE) $(SERVE_ARGS))" ]] || $(BIN)/python cluster/serve_config.py serving/config.yaml - $(TASK_SERVE) $(SERVE_ARGS)
 	@started=0; cluster/local.sh status >/dev/null 2>&1 || { cluster/local.sh start && started=1; }; \
 	cluster/local.sh serve serving/config.yaml $(TASK_SERVE) $(SERVE_ARGS) \
 	  || { rc=$$?; [[ $$started == 0 ]] || cluster/local.sh stop; exit $$rc; }
@@ -88,6 +89,8 @@ teacher: venv
 ## the champion with the difficulty-routed cascade (serving/config_cascade.yaml); needs make run and make teacher (the
 ## same TASK; SERVE_ARGS as for serve)
 serve-cascade: venv
+	@[[ -z "$(strip $(TASK_SERVE) $(SERVE_ARGS))" ]] || $(BIN)/python cluster/serve_config.py serving/config_cascade.yaml - \
+	  $(TASK_SERVE) $(SERVE_ARGS)
 	@started=0; cluster/local.sh status >/dev/null 2>&1 || { cluster/local.sh start && started=1; }; \
 	cluster/local.sh serve serving/config_cascade.yaml $(TASK_SERVE) \
 	  $(if $(TASK_SERVE),cross_encoder=models:/cross-encoder-$(TASK)@current) $(SERVE_ARGS) \

@@ -1,7 +1,7 @@
 """A Serve config with some of its applications' arguments set from the command line (`cluster/local.sh serve CONFIG
 KEY=VALUE ...`, `make serve TASK=qqp`), written beside the cluster's state and checked before it is deployed.
 
-    python cluster/serve_config.py CONFIG OUT KEY=VALUE ...
+    python cluster/serve_config.py CONFIG OUT KEY=VALUE ...    # OUT "-": check only, write nothing
 
 Each KEY=VALUE sets `args.KEY` of every application of CONFIG (the value read as YAML: 8 is a number, null is
 None, {min: 1, max: 2} a mapping); the result must still validate as `serving.args.AppArgs`, so that a misspelt key
@@ -51,6 +51,8 @@ def main(argv: list[str]) -> int:
     except ValueError as exc:
         print(f"serve: {exc}", file=sys.stderr)
         return 2
+    if str(out) == "-":
+        return 0
     out.parent.mkdir(parents=True, exist_ok=True)
     out.write_text(f"# {source} with {' '.join(pairs)} (cluster/serve_config.py)\n" + yaml.safe_dump(config,
                                                                                                    sort_keys=False))

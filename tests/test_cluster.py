@@ -150,6 +150,10 @@ def test_serve_arguments_from_the_command_line_set_every_application_and_keep_th
         serve_config.overridden(yaml.safe_load(before), ["cascade_budget=2"])
     with pytest.raises(ValueError, match="the config lists no application"):
         serve_config.overridden({}, ["max_pairs=8"])
+    # OUT "-": what `make serve SERVE_ARGS=...` runs before it starts a cluster (a check; nothing written)
+    assert serve_config.main([str(source), "-", "max_pairs=8"]) == 0
+    assert serve_config.main([str(source), "-", "max_pairs=0"]) == 2
+    assert not (CLUSTER.parent / "-").exists()
 
 
 def _container_env(manifest: dict) -> list[dict[str, str]]:
