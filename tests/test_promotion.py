@@ -144,8 +144,8 @@ def test_serving_a_champion_from_a_store_without_it_names_the_store_and_how_to_r
     missing = f"sqlite:///{tmp_path / 'none' / 'mlflow.db'}"
     (tmp_path / "none").mkdir()
     with pytest.raises(ValueError, match=rf"No MLflow store at {missing} \(nothing was tracked there yet\).*`make run "
-                                         r"TASK=<task>` registers models:/pair-residual-<task>@champion in this clone's "
-                                         r"store"):
+                                         r"TASK=<task>` registers models:/pair-residual-<task>@champion in this "
+                                         r"clone's store"):
         pinned_uri("models:/pair-residual-stsb@champion", missing)
     assert not any((tmp_path / "none").iterdir())  # no empty store made
     uri, _ = store  # a store without the model
@@ -201,6 +201,11 @@ def test_an_explicit_promote_and_rollback_are_recorded_as_manual(groups, store, 
     assert rec["manual"] is True and rec["previous"]["version"] == "1"
     assert {k: str(v) for k, v in client.get_registered_model(name).aliases.items()} == {"champion": "2"}  # not both
     assert rec["reason"] == "manual promotion from version 1 to 2: shadow test passed"
+    before = client.get_model_version(name, "2").tags["promotion"]
+    assert main(["registry", "--tracking-uri", uri, "--promote", "2"]) == 2  # the champion already: not a move
+    assert capsys.readouterr().err.endswith("error: --promote 2: version 2 is pair-residual-stsb's champion already; "
+                                            "nothing was moved.\n")  # after MLflow's own log lines
+    assert client.get_model_version(name, "2").tags["promotion"] == before  # nothing recorded
     assert main(["registry", "--tracking-uri", uri, "--rollback"]) == 0
     assert str(client.get_model_version_by_alias(name, "champion").version) == "1"
     rec = json.loads(client.get_model_version(name, "1").tags["promotion"])

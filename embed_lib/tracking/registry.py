@@ -150,6 +150,9 @@ def move_champion(name: str, version: str | int | None = None, reason: str = "",
         version, what = str(prev["version"]), "rollback"
     else:
         version, what = str(version), "manual promotion"
+    if version == str(old):  # it used to be recorded as a move "from version 1 to 1", which a rollback then returned to
+        raise ValueError(f"{'--rollback' if what == 'rollback' else f'--promote {version}'}: version {version} is "
+                         f"{name}'s champion already; nothing was moved.")
     try:
         target = client.get_model_version(name, version)
     except MlflowException as exc:
