@@ -75,11 +75,15 @@ smoke: venv
 ## ..." sets arguments of the application (serving/args.py), e.g. model_uri=models:/pair-residual-<task>/3
 SERVE_ARGS ?=
 TASK_SERVE = $(if $(filter mrpc qqp paws,$(TASK)),model_uri=models:/pair-residual-$(TASK)@champion warm_corpus=task:$(TASK))
-serve: venv
-	@[[ -z "$(strip $(TASK_SERVE) $(SERVE_ARGS))" ]] || $(BIN)/python cluster/serve_config.py serving/config.yaml - $(TASK_SERVE) $(SERVE_ARGS)
+# $(1): a Serve config, $(2): KEY=VALUE arguments of its application, checked before a cluster starts; a deploy that
+# fails stops the cluster this started
+define deploy
+	@[[ -z "$(strip $(2))" ]] || $(BIN)/python cluster/serve_config.py $(1) - $(2)
 	@started=0; cluster/local.sh status >/dev/null 2>&1 || { cluster/local.sh start && started=1; }; \
-	cluster/local.sh serve serving/config.yaml $(TASK_SERVE) $(SERVE_ARGS) \
-	  || { rc=$$?; [[ $$started == 0 ]] || cluster/local.sh stop; exit $$rc; }
+	cluster/local.sh serve $(1) $(2) || { rc=$$?; [[ $$started == 0 ]] || cluster/local.sh stop; exit $$rc; }
+endef
+serve: venv
+	$(call deploy,serving/config.yaml,$(TASK_SERVE) $(SERVE_ARGS))
 
 ## the teacher as a served cross-encoder: one model on all of $(TASK)'s train split, registered in MLflow as
 ## models:/cross-encoder-$(TASK)@current (about 5 min on 2 cores for STS-B once make run has trained its teacher)
@@ -89,12 +93,7 @@ teacher: venv
 ## the champion with the difficulty-routed cascade (serving/config_cascade.yaml); needs make run and make teacher (the
 ## same TASK; SERVE_ARGS as for serve)
 serve-cascade: venv
-	@[[ -z "$(strip $(TASK_SERVE) $(SERVE_ARGS))" ]] || $(BIN)/python cluster/serve_config.py serving/config_cascade.yaml - \
-	  $(TASK_SERVE) $(SERVE_ARGS)
-	@started=0; cluster/local.sh status >/dev/null 2>&1 || { cluster/local.sh start && started=1; }; \
-	cluster/local.sh serve serving/config_cascade.yaml $(TASK_SERVE) \
-	  $(if $(TASK_SERVE),cross_encoder=models:/cross-encoder-$(TASK)@current) $(SERVE_ARGS) \
-	  || { rc=$$?; [[ $$started == 0 ]] || cluster/local.sh stop; exit $$rc; }
+	$(call deploy,serving/config_cascade.yaml,$(TASK_SERVE) $(if $(TASK_SERVE),cross_encoder=models:/cross-encoder-$(TASK)@current) $(SERVE_ARGS))
 
 cluster-start: venv
 	cluster/local.sh start

@@ -127,10 +127,10 @@ def main(argv: Sequence[str] | None = None) -> int:
     if task is not None:
         listed = task.split(",") if args.command == "study" else [task]
         try:  # a file or hf:<id> is validated here, before anything is encoded, cached or logged
-            if task == "all" and args.command not in MANY_TASKS:
-                raise ValueError(f"--task all: {args.command} runs on one task; give one of {task_names()} or a "
-                                 f"pair file ({' and '.join(MANY_TASKS)} take all).")
             if task == "all":
+                if args.command not in MANY_TASKS:
+                    raise ValueError(f"--task all: {args.command} runs on one task; give one of {task_names()} or a "
+                                     f"pair file ({' and '.join(MANY_TASKS)} take all).")
                 refuse_pair_file_flags(args, task)
             else:
                 args.task = ",".join(resolve_task(args, t) for t in listed)
