@@ -199,6 +199,13 @@ def test_the_mlflow_model_scores_vectors_and_sentences_like_the_library(small, e
         model.predict(pd.DataFrame({"emb_a": [np.full(dim, np.nan)], "emb_b": [xb[0]]}))
     with pytest.raises(ValueError, match=r"sentence2\[1\] is empty or blank"):
         model.predict(pd.DataFrame({"sentence1": ["a", "b"], "sentence2": ["c", " \t"]}))
+    with pytest.raises(ValueError, match=r"sentence1\[1\] is missing \(None or NaN\); give a text in every row"):
+        model.predict(pd.DataFrame({"sentence1": ["a", None], "sentence2": ["c", "d"]}))
+    # a dict of lists of texts, which MLflow hands over as one row of lists: a row per pair
+    by_dict = model.predict({"sentence1": [a for a, _ in texts], "sentence2": [b for _, b in texts]})
+    np.testing.assert_allclose(by_dict["score"], expected, atol=1e-5)
+    with pytest.raises(ValueError, match="sentence1 holds 2 texts and sentence2 1; give one of each per pair"):
+        model.predict({"sentence1": ["a", "b"], "sentence2": ["c"]})
 
     # the same model whose manifest names other encoder weights: scoring texts is refused, naming the field
     broken = tmp_path / "broken"
