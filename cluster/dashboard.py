@@ -9,6 +9,9 @@ after its polling rounds, seconds after the job's last line.
     python3 cluster/dashboard.py wait-serve <dashboard address> <Serve config>
         waits until every application of the config is RUNNING with healthy deployments (exit 0, prints the
         docs URL) or one of them has failed (exit 1, with its message); 600 s at the most.
+    python3 cluster/dashboard.py busy <dashboard address>
+        prints the cluster's other work, a job not ended or a Serve application, and exits 0; exits 1 when it
+        holds none (or the API does not answer): what `local.sh release` asks before it stops a cluster.
 """
 from __future__ import annotations
 
@@ -105,7 +108,31 @@ def wait_serve(address: str, config: dict, token: str | None, deadline_s: float 
         time.sleep(SERVE_EVERY)
 
 
+def other_work(jobs: list | None, serve: dict | None) -> list[str]:
+    """What a cluster still holds, from the dashboard's answers to GET /api/jobs/ and /api/serve/applications/
+    (None: no answer): submitted jobs that have not ended, drivers connected by hand, Serve applications."""
+    live = [j for j in jobs or [] if j.get("status") not in TERMINAL]
+    work = [f"job {j.get('submission_id') or j.get('job_id')} {j.get('status')}" for j in live]
+    apps = (serve or {}).get("applications") or {}
+    return work + [f"Serve application {name} {app.get('status')}" for name, app in apps.items()]
+
+
+def busy(address: str, token: str | None) -> list[str]:
+    """other_work of the cluster at `address`; [] when its API does not answer."""
+    answers = []
+    for path in ("jobs/", "serve/applications/"):
+        try:
+            answers.append(_get(f"{address.rstrip('/')}/api/{path}", token))
+        except (urllib.error.URLError, OSError, ValueError):
+            answers.append(None)
+    return other_work(*answers)
+
+
 def main(argv: list[str]) -> int:
+    if argv[:1] == ["busy"] and len(argv) == 2:
+        work = busy(argv[1], _token())
+        print(", ".join(work))
+        return 0 if work else 1
     if len(argv) != 3 or argv[0] not in ("follow-job", "wait-serve"):
         print(__doc__.split("\n\n", 1)[1].rstrip(), file=sys.stderr)
         return 2

@@ -8,6 +8,8 @@
 #   cluster/local.sh start --autoscale                       # head only (= --nodes 1 --autoscale); Ray's autoscaler adds worker nodes on demand
 #   cluster/local.sh serve [serving/config.yaml] [KEY=VALUE ...]   # serve deploy on this cluster, wait until RUNNING;
 #                                                  # KEY=VALUE sets an argument of its applications (cluster/serve_config.py)
+#   cluster/local.sh release                       # stop, unless another job or a Serve application is on it
+#                                                  # (`make run` on a cluster it started: it never ends another's work)
 #   eval "$(cluster/local.sh env)"                 # this shell's Ray clients (a driver run by hand) reach it
 #
 # Environment: VENV (.venv), EMBED_RAY_DIR (.cache/ray_local), RAY_PORT (6390), RAY_DASHBOARD_PORT (8265),
@@ -170,6 +172,13 @@ case "${1:-}" in
       echo "local Ray not running"
       rm -f "$PIDFILE"
     fi ;;
+  release)
+    # the end of `make run` on a cluster it started: a job submitted meanwhile (another `make run`) or an application
+    # deployed on it (`make serve`) keeps it running; nothing else on it: stop
+    if { running || multi; } && work="$(python3 "$ROOT/cluster/dashboard.py" busy "$DASH_URL")"; then
+      echo "local Ray left running, it holds other work: $work (make cluster-stop stops it)"; exit 0
+    fi
+    exec "$0" stop ;;
   env)
     # what a client process needs to connect (a driver run by hand instead of `submit`): without
     # RAY_ENABLE_WINDOWS_OR_OSX_CLUSTER=0 the driver takes the host's address as its node address, which
@@ -227,6 +236,6 @@ case "${1:-}" in
       *) echo "ingress: Ray Serve's Python proxy" ;;
     esac ;;
   *)
-    echo "usage: $0 start | stop | status | env | job-env | submit -- COMMAND... | serve [CONFIG] [KEY=VALUE...]" >&2
+    echo "usage: $0 start | stop | release | status | env | job-env | submit -- COMMAND... | serve [CONFIG] [KEY=VALUE...]" >&2
     exit 2 ;;
 esac

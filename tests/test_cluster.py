@@ -288,12 +288,31 @@ def test_the_job_follower_prints_a_growing_log_once_and_the_rest_after_the_end()
     assert state["auth"] == {"Bearer tok"}
 
 
+def test_release_sees_the_other_work_a_cluster_holds():
+    """`local.sh release` (the end of `make run` on a cluster it started) stops the cluster only when the dashboard
+    lists no job that has not ended and no Serve application: another `make run`'s job or `make serve`'s service
+    keeps it. An API that does not answer holds nothing (the cluster is stopped, as before)."""
+    dashboard = _dashboard()
+    ended = [{"submission_id": "a", "status": "SUCCEEDED"}, {"submission_id": "b", "status": "FAILED"},
+             {"submission_id": "c", "status": "STOPPED"}]
+    assert dashboard.other_work(ended, {"applications": {}}) == []
+    assert dashboard.other_work(None, None) == []
+    jobs = ended + [{"submission_id": "d", "status": "PENDING"}, {"submission_id": None, "job_id": "05000000",
+                                                                  "status": "RUNNING", "type": "DRIVER"}]
+    serve = {"applications": {"pair-scorer": {"status": "RUNNING"}}}
+    assert dashboard.other_work(jobs, serve) == ["job d PENDING", "job 05000000 RUNNING",
+                                                 "Serve application pair-scorer RUNNING"]
+    from tests.conftest import free_ports
+
+    assert dashboard.busy(f"http://127.0.0.1:{free_ports(1)[0]}", "tok") == []
+
+
 @pytest.mark.integration
 def test_the_local_cluster_listens_on_loopback_only_and_stop_closes_every_port():
     """A cluster of its own: every socket its processes listen on is on loopback (nothing is on an
     allowlist: Ray, the dashboard, the agents and the metrics servers all bind 127.0.0.1); a driver started
-    by hand after `eval "$(cluster/local.sh env)"` reaches it; and `stop` returns once every one of those ports
-    is closed."""
+    by hand after `eval "$(cluster/local.sh env)"` reaches it; `release` keeps it while a job runs on it; and `stop`
+    returns once every one of those ports is closed."""
     import shlex
     import shutil
     import subprocess
@@ -330,6 +349,22 @@ def test_the_local_cluster_listens_on_loopback_only_and_stop_closes_every_port()
         line = f'eval "$({shlex.quote(script)} env)" && exec {shlex.quote(sys.executable)} -c {shlex.quote(code)}'
         driver = subprocess.run(["bash", "-c", line], env=shell, capture_output=True, text=True, timeout=120)
         assert driver.returncode == 0 and driver.stdout.split()[-1] == "1", driver.stdout[-2000:] + driver.stderr[-2000:]
+        # `release` (the end of a `make run` that started it) leaves it running while another job is on it
+        job = subprocess.Popen([script, "submit", "--", "python", "-c", "import time; time.sleep(60)"], env=env,
+                               stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
+        busy = [sys.executable, str(REPO / "cluster" / "dashboard.py"), "busy",
+                f"http://127.0.0.1:{env['RAY_DASHBOARD_PORT']}"]
+        busy_env = dict(env, RAY_AUTH_TOKEN_PATH=env.get("RAY_AUTH_TOKEN_PATH") or str(state / "auth_token"))
+        deadline = time.time() + 120
+        while "RUNNING" not in subprocess.run(busy, env=busy_env, capture_output=True, text=True).stdout:
+            ended = job.poll() is not None
+            assert time.time() < deadline and not ended, job.communicate()[0][-2000:] if ended else "not RUNNING"
+            time.sleep(0.5)
+        release = subprocess.run([script, "release"], env=env, capture_output=True, text=True, timeout=120)
+        assert release.returncode == 0 and "left running, it holds other work: job embed-" in release.stdout, \
+            release.stdout + release.stderr
+        assert subprocess.run([script, "status"], env=env, capture_output=True).returncode == 0
+        job.kill()
     finally:
         t0 = time.perf_counter()
         stop = subprocess.run([script, "stop"], env=env, capture_output=True, text=True, timeout=120)
