@@ -59,7 +59,7 @@ run: venv
 	@[[ -z "$(strip $(SWEEP_ARGS))" ]] || $(BIN)/python sweeps/pair_residual.py --task $(TASK) $(SWEEP_ARGS) --check-flags
 	@started=0; cluster/local.sh status >/dev/null 2>&1 || { cluster/local.sh start && started=1; }; \
 	cluster/local.sh submit -- python sweeps/pair_residual.py --task $(TASK) $(SWEEP_ARGS); rc=$$?; \
-	[[ $$started == 1 ]] && cluster/local.sh release; \
+	if [[ $$started == 1 ]]; then cluster/local.sh release; else cluster/local.sh release --if-left; fi; \
 	echo "MLflow store: $(MLFLOW_TRACKING_URI) -- browse it with: make mlflow-ui (http://127.0.0.1:$(MLFLOW_PORT)/#/experiments?workflowType=machine_learning)"; \
 	exit $$rc
 

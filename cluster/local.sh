@@ -8,8 +8,8 @@
 #   cluster/local.sh start --autoscale                       # head only (= --nodes 1 --autoscale); Ray's autoscaler adds worker nodes on demand
 #   cluster/local.sh serve [serving/config.yaml] [KEY=VALUE ...]   # serve deploy on this cluster, wait until RUNNING;
 #                                                  # KEY=VALUE sets an argument of its applications (cluster/serve_config.py)
-#   cluster/local.sh release                       # stop, unless another job or a Serve application is on it
-#                                                  # (`make run` on a cluster it started: it never ends another's work)
+#   cluster/local.sh release [--if-left]           # stop, unless another job or a Serve application is on it
+#                                                  # (the end of `make run`: it never ends another's work)
 #   eval "$(cluster/local.sh env)"                 # this shell's Ray clients (a driver run by hand) reach it
 #
 # Environment: VENV (.venv), EMBED_RAY_DIR (.cache/ray_local), RAY_PORT (6390), RAY_DASHBOARD_PORT (8265),
@@ -116,6 +116,7 @@ case "${1:-}" in
                                 "[--autoscale] [--gpus-per-worker G]' (cluster/nodes.py start --help)" >&2; exit 2; }
     if running; then echo "local Ray already running (pgid $(cat "$PIDFILE")), dashboard http://127.0.0.1:$DASH"; exit 0; fi
     mkdir -p "$STATE/tmp"
+    rm -f "$STATE/left-running"
     ensure_token
     # Serve's ingress: HAProxy (cluster/serve.env) with ports and files of this cluster's own (a short dir: Unix
     # sockets), its stats and metrics on loopback (cluster/haproxy-loopback); RAY_SERVE_ENABLE_HA_PROXY=0: the proxy
@@ -147,6 +148,7 @@ case "${1:-}" in
     done
     echo "local Ray did not answer on :$DASH within 120 s; see $STATE/head.log" >&2; exit 1 ;;
   stop)
+    rm -f "$STATE/left-running"
     if multi; then python3 "$ROOT/cluster/nodes.py" stop; running || exit 0; fi
     # everything the cluster started shares the session of `setsid ray start` (workers take their own
     # process group, not their own session): stop that session, nothing else on the machine
@@ -174,9 +176,13 @@ case "${1:-}" in
     fi ;;
   release)
     # the end of `make run` on a cluster it started: a job submitted meanwhile (another `make run`) or an application
-    # deployed on it (`make serve`) keeps it running; nothing else on it: stop
+    # deployed on it (`make serve`) keeps it running, marked as left; nothing else on it: stop. `release --if-left`
+    # (a `make run` ending on a cluster it did not start) acts only on a cluster so marked, so the last run stops it
+    [[ "${2:-}" != "--if-left" || -f "$STATE/left-running" ]] || exit 0
     if { running || multi; } && work="$(python3 "$ROOT/cluster/dashboard.py" busy "$DASH_URL")"; then
-      echo "local Ray left running, it holds other work: $work (make cluster-stop stops it)"; exit 0
+      touch "$STATE/left-running"
+      last=""; [[ "$work" == *"job "* ]] && last=" (or the last make run to end on it, once nothing else is there)"
+      echo "local Ray left running, it holds other work: $work. make cluster-stop stops it$last."; exit 0
     fi
     exec "$0" stop ;;
   env)

@@ -311,8 +311,8 @@ def test_release_sees_the_other_work_a_cluster_holds():
 def test_the_local_cluster_listens_on_loopback_only_and_stop_closes_every_port():
     """A cluster of its own: every socket its processes listen on is on loopback (nothing is on an
     allowlist: Ray, the dashboard, the agents and the metrics servers all bind 127.0.0.1); a driver started
-    by hand after `eval "$(cluster/local.sh env)"` reaches it; `release` keeps it while a job runs on it; and `stop`
-    returns once every one of those ports is closed."""
+    by hand after `eval "$(cluster/local.sh env)"` reaches it; `release` keeps it while a job runs on it, and stops
+    it (`stop`) once nothing is left; and `stop` returns once every one of those ports is closed."""
     import shlex
     import shutil
     import subprocess
@@ -349,7 +349,11 @@ def test_the_local_cluster_listens_on_loopback_only_and_stop_closes_every_port()
         line = f'eval "$({shlex.quote(script)} env)" && exec {shlex.quote(sys.executable)} -c {shlex.quote(code)}'
         driver = subprocess.run(["bash", "-c", line], env=shell, capture_output=True, text=True, timeout=120)
         assert driver.returncode == 0 and driver.stdout.split()[-1] == "1", driver.stdout[-2000:] + driver.stderr[-2000:]
-        # `release` (the end of a `make run` that started it) leaves it running while another job is on it
+        # `release --if-left` (the end of a `make run` that did not start it) leaves a cluster alone that no release
+        # left running; `release` (the end of a `make run` that started it) leaves it running while another job is on
+        # it; then the end of the other run (`release --if-left`) stops it once the job has ended
+        assert subprocess.run([script, "release", "--if-left"], env=env, timeout=60).returncode == 0
+        assert subprocess.run([script, "status"], env=env, capture_output=True).returncode == 0
         job = subprocess.Popen([script, "submit", "--", "python", "-c", "import time; time.sleep(60)"], env=env,
                                stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
         busy = [sys.executable, str(REPO / "cluster" / "dashboard.py"), "busy",
@@ -364,7 +368,13 @@ def test_the_local_cluster_listens_on_loopback_only_and_stop_closes_every_port()
         assert release.returncode == 0 and "left running, it holds other work: job embed-" in release.stdout, \
             release.stdout + release.stderr
         assert subprocess.run([script, "status"], env=env, capture_output=True).returncode == 0
-        job.kill()
+        job_id = release.stdout.split("other work: job ")[1].split()[0]
+        subprocess.run([str(Path(env["VENV"]) / "bin" / "ray"), "job", "stop", "--address",
+                        busy[-1], job_id], env=busy_env, capture_output=True, timeout=120, check=True)
+        job.wait(timeout=120)
+        last = subprocess.run([script, "release", "--if-left"], env=env, capture_output=True, text=True, timeout=120)
+        assert last.returncode == 0 and "local Ray stopped" in last.stdout, last.stdout + last.stderr
+        assert subprocess.run([script, "status"], env=env, capture_output=True).returncode == 1
     finally:
         t0 = time.perf_counter()
         stop = subprocess.run([script, "stop"], env=env, capture_output=True, text=True, timeout=120)
