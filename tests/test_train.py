@@ -266,6 +266,58 @@ def test_transfer_splits_are_scored_per_seed_against_the_frozen_cosine(small):
     assert base.summary["transfer_delta_min"] == 0.0
 
 
+def test_a_whole_transfer_split_is_scored_with_the_familiarity_it_has_when_served(small):
+    """"transfer:<task>-all" holds pairs whose sentences the adapter trained on: it is scored as the service scores
+    them (the novelty gate's own familiarity, a training sentence its own nearest neighbour), not with the
+    leave-one-out familiarity the other splits read, which would close the gate on them."""
+    from scipy import stats
+
+    from embed_lib.training.adapters import NoveltyGate, PairAdapter
+    from embed_lib.training.seed_group import score_split
+    from embed_lib.training.tensors import StudyData
+
+    train = small.splits["train"]
+    data = StudyData(small.task, small.binary, small.X, {**small.splits, "transfer:own": train,
+                                                         "transfer:own-all": train},
+                     small.sentence_target, small.manifest, small.split_notes)
+    r = train_seed_group(_cfg(novelty_quantile=0.5), data)
+    gate = NoveltyGate(r.state_dict["novelty.ref"], *r.state_dict["novelty.bounds"].tolist())
+    model = PairAdapter.from_config(r.config, data.X.shape[1], novelty=gate)
+    model.load_state_dict(r.state_dict)
+    served, _ = score_split(model, data.X, train)
+    loo, _ = score_split(model, data.X, train, data.familiarity())
+    assert np.abs(served - loo).max() > 1e-4  # the two familiarities differ on training sentences
+    y = train.y.numpy()
+    base = stats.spearmanr(train.s0, y).statistic
+    for k, seed in enumerate(r.per_seed):
+        assert seed["transfer/own-all/delta"] == pytest.approx(stats.spearmanr(served[k], y).statistic - base, abs=1e-9)
+        assert seed["transfer/own/delta"] == pytest.approx(stats.spearmanr(loo[k], y).statistic - base, abs=1e-9)
+
+
+def test_transfer_checks_add_the_whole_split_where_some_pairs_share_a_sentence_with_train(monkeypatch):
+    """transfer_splits: another task's validation pairs without those sharing a sentence with train, and, only where
+    some were left out, the whole split as "<task>-all"."""
+    from embed_lib.data.tasks import PairData
+    from embed_lib.pipeline import prepare
+
+    def pairs(task, split, rows):
+        a, b = zip(*rows)
+        return PairData(task, split, "made", split, False, list(a), list(b), np.arange(len(a), dtype=np.float32),
+                        np.arange(len(a), dtype=np.float32), np.arange(len(a)))
+
+    train = pairs("stsb", "train", [("a", "b"), ("c", "d")])
+    validation = {"mrpc": pairs("mrpc", "validation", [("x", "a"), ("y", "z"), ("d", "w"), ("u", "v")]),
+                  "qqp": pairs("qqp", "validation", [("p", "q"), ("r", "s")])}
+    monkeypatch.setattr(prepare, "load_splits", lambda name, splits, data_dir=None: {"validation": validation[name]})
+    out = prepare.transfer_splits("stsb", train, ["mrpc", "qqp"])
+    assert sorted(out) == ["transfer:mrpc", "transfer:mrpc-all", "transfer:qqp"]
+    assert list(zip(out["transfer:mrpc"].sentence1, out["transfer:mrpc"].sentence2)) == [("y", "z"), ("u", "v")]
+    assert out["transfer:mrpc-all"].sentence1 == ["x", "y", "d", "u"]
+    assert "2 pairs sharing a sentence with stsb train removed" in out["transfer:mrpc"].split_note
+    assert "every pair, 2 sharing a sentence with stsb train" in out["transfer:mrpc-all"].split_note
+    assert len(out["transfer:qqp"]) == 2
+
+
 def test_magnitude_penalty_keeps_scores_closer_to_the_anchor():
     from embed_lib.training.seed_group import score_split
 

@@ -104,7 +104,7 @@ def cmd_train(args: argparse.Namespace) -> int:
         print(f"gate fit to its target (Pearson): train {s['train/gate_fit_mean']:.3f}, "
               f"test {s['test/gate_fit_mean']:.3f}")
     if "transfer_delta_min" in s:
-        print("transfer (other tasks' validation, pairs unseen in training): " + ", ".join(
+        print("transfer (other tasks' validation: pairs unseen in training; <task>-all: every pair): " + ", ".join(
             f"{k.split('/')[1]} {s[k]:+.4f}" for k in s if k.startswith("transfer/") and k.endswith("_mean"))
               + f"; worst seed {s['transfer_delta_min']:+.4f}")
     if record is not None:
@@ -147,8 +147,9 @@ def cmd_study(args: argparse.Namespace) -> int:
     out.write_text(f"# Study results ({args.seeds} seeds per arm)\n\nRegenerate: `{command}`\n\n"
                    "Each arm that has a gamma is shown at its own best gamma on validation from the grid "
                    f"{args.gamma_grid}. Transfer: the worst per-seed Spearman delta on the other tasks' "
-                   "validation pairs that share no sentence with this task's train split (for QQP also the "
-                   "nDCG@10 delta of re-ranking its duplicates' frozen top 20).\n\n" + text)
+                   "validation pairs that share no sentence with this task's train split, and on the whole split "
+                   "where some do (<task>-all; for QQP also the nDCG@10 delta of re-ranking its duplicates' frozen "
+                   "top 20).\n\n" + text)
     out.with_suffix(".json").write_text(json.dumps({"seeds": args.seeds, "gamma_grid": args.gamma_grid,
                                                     "command": command, "tasks": summary}, indent=2))
     print(f"wrote {out} and {out.with_suffix('.json')}", file=sys.stderr)

@@ -20,7 +20,7 @@ from embed_lib.config import AdapterConfig
 from embed_lib.training import losses
 from embed_lib.training.adapters import PairAdapter
 from embed_lib.training.metrics import PRIMARY_METRIC, evaluate
-from embed_lib.training.tensors import TRANSFER_PREFIX, SplitTensors, StudyData, novelty_gate
+from embed_lib.training.tensors import TRANSFER_PREFIX, WHOLE_SUFFIX, SplitTensors, StudyData, novelty_gate
 
 EVAL_CHUNK = 8192
 
@@ -205,7 +205,8 @@ def _evaluate(cfg: AdapterConfig, data: StudyData, fit: _Fit, evaluate_test: boo
     for split, prefix in eval_splits:
         sp = data.splits[split]
         t_split = time.perf_counter()
-        scores, aux_out[split] = score_split(model, data.X, sp, fit.fam)
+        # a whole transfer split: its sentences from train with the familiarity they have when served
+        scores, aux_out[split] = score_split(model, data.X, sp, None if split.endswith(WHOLE_SUFFIX) else fit.fam)
         if split == "validation":  # the served ensemble's cost: every seed, cached vectors
             pairs_per_s = len(sp.ia) / max(time.perf_counter() - t_split, 1e-9)
         y = sp.y.cpu().numpy()

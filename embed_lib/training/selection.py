@@ -1,9 +1,9 @@
 """Model selection over seed groups: the leaderboard and the do-no-harm winner rule of DESIGN.md.
 
 A configuration "wins" only if (1) its validation delta is positive on every seed and (2) it does no harm
-elsewhere: on every transfer check (another task's validation pairs, unseen in training; for duplicate
-questions also their re-ranking, `embed_lib.training.retrieval.RetrievalCheck`) every seed's delta (Spearman, or
-nDCG@10) is >= -tolerance. Among those the best mean validation delta wins, and near-ties (within
+elsewhere: on every transfer check (another task's validation pairs unseen in training, and its whole validation
+split where some pairs share a sentence with train; for duplicate questions also their re-ranking,
+`embed_lib.training.retrieval.RetrievalCheck`) every seed's delta (Spearman, or nDCG@10) is >= -tolerance. Among those the best mean validation delta wins, and near-ties (within
 `tie`) go to the smaller gamma. Test is never read here.
 """
 from __future__ import annotations
@@ -65,8 +65,9 @@ def select_winner(rows: Sequence[dict[str, Any]], tie: float = 1e-4,
 
 def rule_text(tolerance: float = TRANSFER_TOLERANCE) -> str:
     """The winner rule in words: recorded on every registered version (versions under other rules do not compete)."""
-    return (f"validation delta > 0 on every seed; every transfer delta >= -{tolerance:g} on every seed; "
-            "best mean validation delta, near-ties to the smaller gamma")
+    return (f"validation delta > 0 on every seed; every transfer delta >= -{tolerance:g} on every seed (pairs unseen "
+            "in training, and the whole split where some share a sentence with train); best mean validation delta, "
+            "near-ties to the smaller gamma")
 
 
 def no_winner_reason(rows: Sequence[dict[str, Any]], tolerance: float = TRANSFER_TOLERANCE) -> str:

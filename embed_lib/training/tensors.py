@@ -21,6 +21,9 @@ from embed_lib.training.signals import ce_margin, lexical_hard, per_sentence_mea
 
 #: a split named "transfer:<task>" is another task's pairs, scored once at the end (do-no-harm checks)
 TRANSFER_PREFIX = "transfer:"
+#: "transfer:<task>-all": the whole validation split of a task some of whose pairs share a sentence with train
+#: ("transfer:<task>" leaves those out); scored with the gate's own familiarity, as served (not leave-one-out)
+WHOLE_SUFFIX = "-all"
 #: reference sentences the novelty gate keeps (a seeded sample when the training split has more)
 NOVELTY_REF_MAX = 20_000
 
