@@ -98,6 +98,24 @@ def test_every_rule_names_file_row_and_column(pairs_frame, tmp_path, edit, messa
     assert message in str(e.value)
 
 
+@pytest.mark.parametrize("name,text,message", [
+    # every row one field more than the header: pandas took the first column as the index, so the pair read was
+    # ("y", "4") with the label 5, without a word
+    ("shift.csv", 'a,b,score\n"x, y",z,4,5\n"p, q",r,3,1\n', "shift.csv, row 1: 4 fields where the header has 3; "
+                                                                 'quote a text that holds a comma ("a, b").'),
+    # one row of more fields: pandas' tokenizer error, now with the row and the fix
+    ("one.csv", 'a,b,score\nx,y,4\nx, y,z,4\n', "one.csv, row 2: 4 fields where the header has 3"),
+    ("one.tsv", "a\tb\tscore\nx\ty\t1\tz\n", "one.tsv, row 1: 4 fields where the header has 3; quote a text "
+                                                 "that holds a tab."),
+])
+def test_a_row_of_more_fields_than_the_header_is_named_never_shifted(tmp_path, name, text, message):
+    path = tmp_path / name
+    path.write_text(text)
+    with pytest.raises(ValueError) as e:
+        CustomTask.from_args(str(path), ("a", "b"), "score", (0, 5), eval_split="test").load()
+    assert message in str(e.value) and "cannot be read" not in str(e.value)
+
+
 def test_graded_labels_need_a_declared_scale_and_names_are_slugs(pairs_frame, tmp_path):
     path = _write(pairs_frame, tmp_path / "graded.csv")
     lo, hi = pairs_frame.score.min(), pairs_frame.score.max()

@@ -14,7 +14,9 @@ cached or logged.
 """
 from __future__ import annotations
 
+import csv
 import re
+import warnings
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -214,15 +216,40 @@ def read_table(path: Path) -> pd.DataFrame:
     suffix = path.suffix.lower()
     try:
         if suffix in (".csv", ".tsv"):
-            return pd.read_csv(path, sep="\t" if suffix == ".tsv" else ",", dtype=object, keep_default_na=False,
-                               na_values=[""])
+            return _read_delimited(path, "\t" if suffix == ".tsv" else ",")
         if suffix in (".jsonl", ".json"):
             return pd.read_json(path, lines=suffix == ".jsonl", dtype=False)
         if suffix == ".parquet":
             return pd.read_parquet(path)
+    except _RowError:
+        raise
     except (ValueError, OSError) as exc:
         raise ValueError(f"{path}: cannot be read as {suffix[1:]}: {exc}") from exc
     raise ValueError(f"{path}: unknown file type {suffix!r}; use .csv, .tsv, .jsonl or .parquet.")
+
+
+class _RowError(ValueError):
+    """A row of a table that cannot be read, named (not wrapped again by read_table)."""
+
+
+def _read_delimited(path: Path, sep: str) -> pd.DataFrame:
+    """A .csv / .tsv file; a row of more fields than the header is an error naming the row. (pandas would take a
+    first column of texts as the index when every row had one field more, shifting every column by one, or drop
+    the extra fields with a warning.)"""
+    with warnings.catch_warnings():
+        warnings.simplefilter("error", pd.errors.ParserWarning)
+        try:
+            return pd.read_csv(path, sep=sep, dtype=object, keep_default_na=False, na_values=[""], index_col=False)
+        except (pd.errors.ParserWarning, pd.errors.ParserError) as exc:
+            with open(path, encoding="utf-8-sig", newline="") as fh:
+                rows = csv.reader(fh, delimiter=sep)
+                header = next(rows, [])
+                for i, row in enumerate(rows, start=1):
+                    if len(row) > len(header):
+                        hint = 'a comma ("a, b")' if sep == "," else "a tab"
+                        raise _RowError(f"{path}, row {i}: {len(row)} fields where the header has {len(header)}; "
+                                        f"quote a text that holds {hint}.") from exc
+            raise ValueError(f"{path}: cannot be read as {path.suffix[1:]}: {exc}") from exc
 
 
 def table_texts(path: Path, columns: list[str] | None = None) -> list[str]:
