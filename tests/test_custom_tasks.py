@@ -116,6 +116,31 @@ def test_a_row_of_more_fields_than_the_header_is_named_never_shifted(tmp_path, n
     assert message in str(e.value) and "cannot be read" not in str(e.value)
 
 
+def test_json_lines_name_the_bad_line_and_booleans_are_binary_labels_only(tmp_path):
+    """A .jsonl line that is not a JSON object is named by its row (pandas named a byte position); true / false
+    labels read as 1 / 0 in a binary file, and are refused on a graded scale (they read as 1 there, silently)."""
+    import json
+
+    rows = [{"a": f"sentence {i}", "b": f"other {i}", "score": i % 2 == 0} for i in range(20)]
+    path = tmp_path / "dups.jsonl"
+    path.write_text("\n".join(json.dumps(r) for r in rows))
+    for binary in (True, False):  # declared, and told from the values
+        test = CustomTask.from_args(str(path), ("a", "b"), "score", binary=binary, eval_split="test").load()["test"]
+        assert test.binary and test.label.tolist() == [float(i % 2 == 0) for i in range(20)]
+    graded = [{**r, "score": 2.5} for r in rows]
+    graded[5]["score"] = True
+    path.write_text("\n".join(json.dumps(r) for r in graded))
+    with pytest.raises(ValueError, match=re.escape("dups.jsonl, row 6, column 'score': label must be a number; found "
+                                                   "True (true / false are labels of --binary).")):
+        CustomTask.from_args(str(path), ("a", "b"), "score", (0, 5), eval_split="test").load()
+    for bad, message in (("{not json}", "row 3: not JSON (Expecting property name enclosed in double quotes, "
+                                        "column 2)"),
+                         ('["a", "b", 1]', "row 3: a JSON list, not an object; each line holds one object")):
+        path.write_text("\n".join([json.dumps(rows[0]), json.dumps(rows[1]), bad, json.dumps(rows[2])]))
+        with pytest.raises(ValueError, match=re.escape(f"dups.jsonl, {message}")):
+            CustomTask.from_args(str(path), ("a", "b"), "score", binary=True, eval_split="test").load()
+
+
 def test_graded_labels_need_a_declared_scale_and_names_are_slugs(pairs_frame, tmp_path):
     path = _write(pairs_frame, tmp_path / "graded.csv")
     lo, hi = pairs_frame.score.min(), pairs_frame.score.max()

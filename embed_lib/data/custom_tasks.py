@@ -15,6 +15,7 @@ cached or logged.
 from __future__ import annotations
 
 import csv
+import json
 import re
 import warnings
 from dataclasses import dataclass
@@ -134,6 +135,10 @@ class CustomTask:
         if self.label_range is None:
             raise self._fail(None, col, f"labels range over [{raw.min():g}, {raw.max():g}]: declare their scale "
                                         "with --label-range LO,HI (graded) or --binary (0/1).")
+        flags = np.nonzero(frame[col].map(lambda v: isinstance(v, (bool, np.bool_))).to_numpy())[0]
+        if len(flags):  # a graded scale read true as 1: refused, as "high" is
+            raise self._fail(int(flags[0]), col, f"label must be a number; found {frame[col].iloc[flags[0]]!r} "
+                                                 "(true / false are labels of --binary).")
         lo, hi = self.label_range
         off = np.nonzero((raw < lo) | (raw > hi))[0]
         if len(off):
@@ -218,6 +223,8 @@ def read_table(path: Path) -> pd.DataFrame:
         if suffix in (".csv", ".tsv"):
             return _read_delimited(path, "\t" if suffix == ".tsv" else ",")
         if suffix in (".jsonl", ".json"):
+            if suffix == ".jsonl":
+                _check_json_lines(path)
             return pd.read_json(path, lines=suffix == ".jsonl", dtype=False)
         if suffix == ".parquet":
             return pd.read_parquet(path)
@@ -230,6 +237,20 @@ def read_table(path: Path) -> pd.DataFrame:
 
 class _RowError(ValueError):
     """A row of a table that cannot be read, named (not wrapped again by read_table)."""
+
+
+def _check_json_lines(path: Path) -> None:
+    """_RowError naming the first line of a .jsonl file that is not a JSON object (pandas names a byte position)."""
+    with open(path, encoding="utf-8-sig") as fh:
+        for i, line in enumerate((ln for ln in fh if ln.strip()), start=1):
+            try:
+                ok = isinstance(json.loads(line), dict)
+            except ValueError as exc:
+                raise _RowError(f"{path}, row {i}: not JSON ({exc.msg}, column {exc.colno}); each line holds one "
+                                "object, e.g. {\"a\": \"...\", \"b\": \"...\", \"score\": 4.2}.") from exc
+            if not ok:
+                raise _RowError(f"{path}, row {i}: a JSON {type(json.loads(line)).__name__}, not an object; each "
+                                "line holds one object, e.g. {\"a\": \"...\", \"b\": \"...\", \"score\": 4.2}.")
 
 
 def _read_delimited(path: Path, sep: str) -> pd.DataFrame:
