@@ -82,6 +82,9 @@ def test_evaluate_scores_the_registered_model_as_served_beside_the_frozen_cosine
     served = model.predict(pd.DataFrame({"emb_a": list(V[test.ia]), "emb_b": list(V[test.ib])}))
     assert r["model"]["spearman"] == pytest.approx(spearman(served["score"].to_numpy(), test.data.label), abs=1e-6)
     assert r["delta"]["spearman"] == pytest.approx(r["model"]["spearman"] - r["frozen_cosine"]["spearman"])
+    # the pairs whose served score left the cosine, counted by hand from the pyfunc's own two columns
+    moved = int((np.abs(served["score"] - served["baseline"]) > 1e-6).sum())
+    assert r["pairs_moved"] == moved and 0 < moved <= len(test.data)
     assert len(r["seed_spearman_deltas"]) == 3 and r["adapter"] == "pair_gated" and r["trained_on"] == "stsb"
     assert r["not_held_out"] is None  # its task's test split
     assert r["model_version"] == model_uri.rsplit("/", 1)[1]
@@ -89,6 +92,7 @@ def test_evaluate_scores_the_registered_model_as_served_beside_the_frozen_cosine
     assert b["resamples"] == 200 and b["low"] <= b["high"] and 0.0 <= b["share_above_0"] <= 1.0
     text = capsys.readouterr().out
     assert f"# Evaluation: {model_uri} on stsb test" in text and "| spearman |" in text and "paired bootstrap" in text
+    assert f"The model's score differs from the frozen cosine on {moved:,} of {len(test.data):,} pairs" in text
     assert out.read_text() == text.rstrip("\n") + "\n"
 
 

@@ -127,7 +127,9 @@ def evaluation(args: argparse.Namespace) -> dict:
            "encoder": {k: manifest.get(k) for k in ("encoder", "revision", "backend", "tau_attn", "dim")},
            "frozen_cosine": evaluate(cos, y, split.binary),
            "model": evaluate(score, y, split.binary),
-           "seed_spearman_deltas": seed_deltas, "not_held_out": not_held_out(config.task, args.task, args.eval_split)}
+           "seed_spearman_deltas": seed_deltas, "not_held_out": not_held_out(config.task, args.task, args.eval_split),
+           # where the served scores left the cosine: a gain or a loss comes from these pairs alone
+           "pairs_moved": int((np.abs(score - cos) > 1e-6).sum())}
     out["delta"] = _deltas(out["model"], out["frozen_cosine"])
     if args.bootstrap:
         out["spearman_delta_bootstrap"] = paired_bootstrap(score, cos, y, args.bootstrap)
@@ -205,6 +207,9 @@ def markdown(r: dict) -> str:
     d = np.asarray(r["seed_spearman_deltas"])
     lines += ["", f"Spearman delta per seed: {', '.join(f'{v:+.4f}' for v in d)} ({int((d > 0).sum())}/{len(d)} "
                   "above 0)."]
+    if "pairs_moved" in r:
+        lines.append(f"The model's score differs from the frozen cosine on {r['pairs_moved']:,} of {r['pairs']:,} pairs"
+                     + (" (on the others its novelty gate kept the cosine)." if r["pairs_moved"] < r["pairs"] else "."))
     if "spearman_delta_bootstrap" in r:
         b = r["spearman_delta_bootstrap"]
         lines.append(f"Spearman delta, {b['level']:.0%} paired bootstrap interval over {b['resamples']} resamples of "
