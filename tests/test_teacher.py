@@ -347,6 +347,7 @@ def test_a_real_intermediate_stage_round_trips_through_its_folder(tiny_splits, t
     cfg = TeacherConfig(max_length=32, intermediate="mrpc", intermediate_pairs=100)
     folder, record = warm_start(cfg, tiny_splits["train"], tmp_path, "cpu", lambda m: None)
     assert record["pairs"] == 100 and (Path(folder) / "intermediate.json").is_file()
+    assert [f.name for f in Path(folder).parent.iterdir()] == [Path(folder).name]  # no temporary folder left
     pairs = [[a, b] for a, b in zip(tiny_splits["test"].sentence1, tiny_splits["test"].sentence2)]
     loaded = []
     for seed in (0, 1):  # a fresh head would differ between the two loads; the stage's trained head does not
@@ -360,6 +361,45 @@ def test_a_real_intermediate_stage_round_trips_through_its_folder(tiny_splits, t
     again, _ = warm_start(cfg, tiny_splits["train"], tmp_path / "another", "cpu", lambda m: None)
     np.testing.assert_array_equal(recipe.predict(recipe.load(cfg, "cpu", again), pairs, cfg),
                                   recipe.predict(loaded[0], pairs, cfg))
+
+
+def _write_teacher_cache_many_times(args):
+    from embed_lib.teacher.scores import _write_cache
+
+    folder, k = args
+    npz, meta = Path(folder) / "t.npz", Path(folder) / "t.json"
+    for i in range(150):
+        _write_cache(npz, meta, {"train": np.full(300, k, np.float32)}, {"key": "t", "writer": k, "i": i})
+    return k
+
+
+def test_processes_writing_one_teacher_cache_at_once_all_succeed(tmp_path):
+    """Two sweeps that trained the same teacher at once write the same cache files: each through files of its own
+    (one fixed temporary file let the later writer's rename find it gone and fail, after the teacher's minutes)."""
+    import multiprocessing as mp
+
+    with mp.get_context("spawn").Pool(4) as pool:
+        assert sorted(pool.map(_write_teacher_cache_many_times, [(str(tmp_path), k) for k in range(4)])) == [0, 1, 2, 3]
+    with np.load(tmp_path / "t.npz") as f:
+        assert len(set(f["train"].tolist())) == 1  # one writer's scores whole, never a mix
+    assert json.loads((tmp_path / "t.json").read_text())["key"] == "t"
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["t.json", "t.npz"]
+
+
+def test_a_stage_in_training_has_a_folder_of_its_own_and_a_dead_ones_is_removed(tmp_path):
+    from embed_lib.teacher.intermediate import own_folder
+
+    folder = tmp_path / "intermediate" / "abc"
+    folder.parent.mkdir()
+    dead = subprocess.run([sys.executable, "-c", "import os; print(os.getpid())"], capture_output=True, text=True)
+    left = folder.with_name(f"abc.{int(dead.stdout)}.1234abcd.tmp")  # a stage whose process was killed
+    alive = folder.with_name(f"abc.{os.getpid()}.5678abcd.tmp")  # one that another sweep is training now
+    other = folder.with_name(f"abcd.{int(dead.stdout)}.1234abcd.tmp")  # another stage's
+    for f in (left, alive, other):
+        f.mkdir()
+    a, b = own_folder(folder), own_folder(folder)
+    assert a != b and a.parent == folder.parent and a.name.startswith(f"abc.{os.getpid()}.")
+    assert not left.exists() and alive.exists() and other.exists()
 
 
 def test_a_teacher_trained_elsewhere_is_cached_here_and_never_trained_again(tiny_splits, tmp_path, monkeypatch):

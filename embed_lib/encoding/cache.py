@@ -63,7 +63,9 @@ def _checksum(arr: np.ndarray) -> str:
     return hashlib.blake2b(np.ascontiguousarray(arr).data, digest_size=16).hexdigest()
 
 
-def _atomic_write(path: Path, write) -> None:
+def atomic_write(path: Path, write) -> None:
+    """write(fh) into a file of this call's own beside `path`, then renamed over it: a reader sees the old file or
+    the new one whole, and two processes writing the same path at once never write into one file."""
     tmp = path.with_name(f".{path.name}.{uuid.uuid4().hex}.tmp")
     try:
         with open(tmp, "wb") as fh:
@@ -117,7 +119,7 @@ class EmbeddingCache:
                 raise ValueError(f"{path} describes another encoder (key {cache_key(stored)} != {self.key}); "
                                  "remove that directory or use another cache root.")
             return
-        _atomic_write(path, lambda fh: fh.write(json.dumps(self.manifest, indent=2, sort_keys=True).encode()))
+        atomic_write(path, lambda fh: fh.write(json.dumps(self.manifest, indent=2, sort_keys=True).encode()))
 
     def _load_shards(self) -> tuple[dict[str, tuple[int, int]], list[np.ndarray]]:
         """Index text hash -> (shard number, row) over every valid shard."""
@@ -151,11 +153,11 @@ class EmbeddingCache:
         self._write_manifest()
         sid = uuid.uuid4().hex[:16]
         vectors = np.ascontiguousarray(vectors, dtype=np.float32)
-        _atomic_write(self.shard_dir / f"{sid}.npy", lambda fh: np.save(fh, vectors, allow_pickle=False))
+        atomic_write(self.shard_dir / f"{sid}.npy", lambda fh: np.save(fh, vectors, allow_pickle=False))
         meta = {"n": len(hashes), "dim": self.dim, "dtype": "float32", "checksum": _checksum(vectors),
                 "text_hashes": hashes}
         # the JSON is the commit marker: a shard without it is never read
-        _atomic_write(self.shard_dir / f"{sid}.json", lambda fh: fh.write(json.dumps(meta).encode()))
+        atomic_write(self.shard_dir / f"{sid}.json", lambda fh: fh.write(json.dumps(meta).encode()))
 
     def get(self, texts: Sequence[str], encoder=None) -> np.ndarray:
         """Vectors (n, d) float32 for `texts`; missing sentences are encoded with `encoder` and stored.

@@ -18,8 +18,10 @@ import dataclasses
 import functools
 import hashlib
 import json
+import os
 import shutil
 import time
+import uuid
 from pathlib import Path
 from typing import TYPE_CHECKING, Any, Callable
 
@@ -94,6 +96,28 @@ def stage_key(cfg: TeacherConfig, split: PairData) -> str | None:
     return hashlib.sha256(blob.encode()).hexdigest()[:20]
 
 
+def own_folder(folder: Path) -> Path:
+    """A temporary folder of this process's own beside `folder` (`<name>.<pid>.<random>.tmp`), after removing those
+    that processes no longer running left there: two sweeps training the same stage at once each write their own
+    (a fixed name let the later one delete the first one's stage as it trained), and the first to finish keeps its
+    copy (`warm_start`)."""
+    for stale in folder.parent.glob(f"{folder.name}.*.tmp"):
+        pid = stale.name[len(folder.name) + 1:].split(".")[0]
+        if pid.isdigit() and not _running(int(pid)):
+            shutil.rmtree(stale, ignore_errors=True)
+    return folder.with_name(f"{folder.name}.{os.getpid()}.{uuid.uuid4().hex[:8]}.tmp")
+
+
+def _running(pid: int) -> bool:
+    try:
+        os.kill(pid, 0)
+    except ProcessLookupError:
+        return False
+    except PermissionError:  # another user's process
+        return True
+    return True
+
+
 def warm_start(cfg: TeacherConfig, split: PairData, cache_root: Path, device: str,
                progress: Callable[[str], None]) -> tuple[str | None, dict[str, Any] | None]:
     """(folder, record) of the stage for a teacher of `split`'s task, trained once and then read from the
@@ -109,8 +133,7 @@ def warm_start(cfg: TeacherConfig, split: PairData, cache_root: Path, device: st
     pairs, y = _sample(splits, cfg.intermediate_pairs, cfg.seed)
     t0 = time.perf_counter()
     say = lambda m: progress(f"intermediate stage: {m}")  # noqa: E731
-    tmp = folder.with_name(folder.name + ".tmp")
-    shutil.rmtree(tmp, ignore_errors=True)
+    tmp = own_folder(folder)
     if cfg.stage_shards > 1:
         curve, extra = shards.fit_shards(cfg, stage_config(cfg), pairs, y, device, tmp, say)
     else:

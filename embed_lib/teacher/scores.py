@@ -35,6 +35,7 @@ import torch
 
 from embed_lib.config import default_cache_dir
 from embed_lib.data.tasks import PairData
+from embed_lib.encoding.cache import atomic_write
 from embed_lib.teacher import recipe, workers
 from embed_lib.teacher.config import LATER_FIELDS, TeacherConfig, preset_of
 from embed_lib.teacher.intermediate import stage_key, warm_start
@@ -208,11 +209,11 @@ def _refuse_non_finite(scores: Mapping[str, np.ndarray], cfg: TeacherConfig) -> 
 
 
 def _write_cache(npz: Path, meta_path: Path, scores: Mapping[str, np.ndarray], record: dict[str, Any]) -> None:
+    """The scores, then their record, each through a file of this call's own (two sweeps that trained the same
+    teacher at once wrote one fixed temporary file: the later one's rename found it gone and failed)."""
     npz.parent.mkdir(parents=True, exist_ok=True)
-    tmp = npz.with_suffix(".tmp.npz")
-    np.savez(tmp, **scores)
-    tmp.replace(npz)
-    meta_path.write_text(json.dumps(record, indent=2))
+    atomic_write(npz, lambda fh: np.savez(fh, **scores))
+    atomic_write(meta_path, lambda fh: fh.write(json.dumps(record, indent=2).encode()))
 
 
 def error_correlation(teacher: np.ndarray, s0: np.ndarray, y: np.ndarray) -> float:
