@@ -115,6 +115,24 @@ case "${1:-}" in
     [[ -z "${2:-}" ]] || { echo "start: unknown option '$2'; one node is plain 'start', several 'start --nodes N" \
                                 "[--autoscale] [--gpus-per-worker G]' (cluster/nodes.py start --help)" >&2; exit 2; }
     if running; then echo "local Ray already running (pgid $(cat "$PIDFILE")), dashboard http://127.0.0.1:$DASH"; exit 0; fi
+    # the fixed ports this cluster binds, each free: another process on one (often another Ray cluster on Ray's
+    # default dashboard port) left this one half started, waiting 120 s for a dashboard it could not bind
+    taken=""
+    for var in RAY_PORT:$PORT RAY_DASHBOARD_PORT:$DASH RAY_CLIENT_PORT:$RAY_CLIENT_PORT RAY_AGENT_PORT:$RAY_AGENT_PORT \
+               DASHBOARD_METRIC_PORT:${DASHBOARD_METRIC_PORT:-44227} AUTOSCALER_METRIC_PORT:${AUTOSCALER_METRIC_PORT:-44217} \
+               RAY_AGENT_GRPC_PORT:${RAY_AGENT_GRPC_PORT:-} RAY_RUNTIME_ENV_AGENT_PORT:${RAY_RUNTIME_ENV_AGENT_PORT:-} \
+               RAY_METRICS_PORT:${RAY_METRICS_PORT:-}; do
+      p="${var#*:}"; [[ -n "$p" ]] || continue
+      ss -ltnH "sport = :$p" 2>/dev/null | grep -q . || continue
+      who="$(ss -ltnpH "sport = :$p" 2>/dev/null | grep -o 'users:(("[^"]*",pid=[0-9]*' | head -1 \
+             | sed 's/users:(("\(.*\)",pid=\(.*\)/\1, pid \2/' || true)"
+      taken="$taken ${var%%:*}=$p (${who:-another process})"
+    done
+    if [[ -n "$taken" ]]; then
+      echo "start: port(s) in use:$taken. Another Ray cluster? Give this one other ports (e.g. RAY_DASHBOARD_PORT=8266" \
+           "DASHBOARD_METRIC_PORT=44228 AUTOSCALER_METRIC_PORT=44218 make run), or stop what holds them." >&2
+      exit 1
+    fi
     mkdir -p "$STATE/tmp"
     rm -f "$STATE/left-running"
     ensure_token
@@ -146,7 +164,9 @@ case "${1:-}" in
       running || { echo "ray start failed; see $STATE/head.log" >&2; tail -20 "$STATE/head.log" >&2; exit 1; }
       sleep 0.25
     done
-    echo "local Ray did not answer on :$DASH within 120 s; see $STATE/head.log" >&2; exit 1 ;;
+    echo "local Ray did not answer on :$DASH within 120 s; see $STATE/head.log. Stopping what started." >&2
+    "$0" stop >&2 || true
+    exit 1 ;;
   stop)
     rm -f "$STATE/left-running"
     if multi; then python3 "$ROOT/cluster/nodes.py" stop; running || exit 0; fi

@@ -129,6 +129,31 @@ def test_a_start_option_or_command_the_script_cannot_run_is_refused_before_anyth
     assert not (tmp_path / "ray").exists()  # no state dir: nothing was started
 
 
+def test_start_names_a_port_another_process_holds_and_starts_nothing(tmp_path):
+    """Another process on one of the cluster's ports (often another Ray cluster on Ray's default dashboard port 8265)
+    left `start` half started: it waited 120 s for a dashboard it could not bind, then failed with the cluster's
+    processes still running. Now it names the port, its holder and the fix before anything starts."""
+    import socket
+
+    from tests.conftest import free_ports
+
+    names = ("RAY_PORT", "RAY_DASHBOARD_PORT", "RAY_CLIENT_PORT", "RAY_AGENT_PORT", "DASHBOARD_METRIC_PORT",
+             "AUTOSCALER_METRIC_PORT")
+    ports = dict(zip(names, map(str, free_ports(len(names)))))
+    holder = socket.socket()
+    holder.bind(("127.0.0.1", int(ports["RAY_DASHBOARD_PORT"])))
+    holder.listen()
+    try:
+        proc = subprocess.run(["bash", str(CLUSTER / "local.sh"), "start"], capture_output=True, text=True, timeout=60,
+                              env={**os.environ, "EMBED_RAY_DIR": str(tmp_path / "ray"), **ports})
+    finally:
+        holder.close()
+    assert proc.returncode == 1, proc.stdout + proc.stderr
+    assert re.search(rf"start: port\(s\) in use: RAY_DASHBOARD_PORT={ports['RAY_DASHBOARD_PORT']} \(\S+, pid "
+                     rf"{os.getpid()}\)\. Another Ray cluster\? Give this one other ports", proc.stderr), proc.stderr
+    assert not (tmp_path / "ray").exists()  # no state dir: nothing was started
+
+
 def test_serve_arguments_from_the_command_line_set_every_application_and_keep_the_rest():
     """`cluster/local.sh serve CONFIG KEY=VALUE ...` (`make serve TASK=qqp`, SERVE_ARGS): values read as YAML, set in
     every application of a copy of the config, the config itself untouched."""
