@@ -57,7 +57,7 @@ run: venv
 	@echo "$(DATA_NOTE)"
 	@# options are checked here, in seconds, before a cluster starts (inside the job it took ~15 s to the same line)
 	@[[ -z "$(strip $(SWEEP_ARGS))" ]] || $(BIN)/python sweeps/pair_residual.py --task $(TASK) $(SWEEP_ARGS) --check-flags
-	@started=0; cluster/local.sh status >/dev/null 2>&1 || { cluster/local.sh start && started=1; }; \
+	@started=0; cluster/local.sh status >/dev/null 2>&1 || { cluster/local.sh start || exit $$?; started=1; }; \
 	cluster/local.sh submit -- python sweeps/pair_residual.py --task $(TASK) $(SWEEP_ARGS); rc=$$?; \
 	if [[ $$started == 1 ]]; then cluster/local.sh release; else cluster/local.sh release --if-left; fi; \
 	echo "MLflow store: $(MLFLOW_TRACKING_URI) -- browse it with: make mlflow-ui (http://127.0.0.1:$(MLFLOW_PORT)/#/experiments?workflowType=machine_learning)"; \
@@ -79,7 +79,7 @@ TASK_SERVE = $(if $(filter mrpc qqp paws,$(TASK)),model_uri=models:/pair-residua
 # fails stops the cluster this started
 define deploy
 	@[[ -z "$(strip $(2))" ]] || $(BIN)/python cluster/serve_config.py $(1) - $(2)
-	@started=0; cluster/local.sh status >/dev/null 2>&1 || { cluster/local.sh start && started=1; }; \
+	@started=0; cluster/local.sh status >/dev/null 2>&1 || { cluster/local.sh start || exit $$?; started=1; }; \
 	cluster/local.sh serve $(1) $(2) || { rc=$$?; [[ $$started == 0 ]] || cluster/local.sh stop; exit $$rc; }
 endef
 serve: venv
