@@ -135,7 +135,7 @@ def test_json_lines_name_the_bad_line_and_booleans_are_binary_labels_only(tmp_pa
         CustomTask.from_args(str(path), ("a", "b"), "score", (0, 5), eval_split="test").load()
     for bad, message in (("{not json}", "row 3: not JSON (Expecting property name enclosed in double quotes, "
                                         "column 2)"),
-                         ('["a", "b", 1]', "row 3: a JSON list, not an object; each line holds one object")):
+                         ('["a", "b", 1]', "row 3: a JSON value that is not an object; each line holds one object")):
         path.write_text("\n".join([json.dumps(rows[0]), json.dumps(rows[1]), bad, json.dumps(rows[2])]))
         with pytest.raises(ValueError, match=re.escape(f"dups.jsonl, {message}")):
             CustomTask.from_args(str(path), ("a", "b"), "score", binary=True, eval_split="test").load()

@@ -223,9 +223,12 @@ def read_table(path: Path) -> pd.DataFrame:
         if suffix in (".csv", ".tsv"):
             return _read_delimited(path, "\t" if suffix == ".tsv" else ",")
         if suffix in (".jsonl", ".json"):
-            if suffix == ".jsonl":
-                _check_json_lines(path)
-            return pd.read_json(path, lines=suffix == ".jsonl", dtype=False)
+            try:
+                return pd.read_json(path, lines=suffix == ".jsonl", dtype=False)
+            except ValueError:
+                if suffix == ".jsonl":  # pandas names a byte position: name the line to blame, where one is
+                    _check_json_lines(path)
+                raise
         if suffix == ".parquet":
             return pd.read_parquet(path)
     except _RowError:
@@ -240,7 +243,7 @@ class _RowError(ValueError):
 
 
 def _check_json_lines(path: Path) -> None:
-    """_RowError naming the first line of a .jsonl file that is not a JSON object (pandas names a byte position)."""
+    """_RowError naming the first line of a .jsonl file that is not a JSON object."""
     with open(path, encoding="utf-8-sig") as fh:
         for i, line in enumerate((ln for ln in fh if ln.strip()), start=1):
             try:
@@ -249,7 +252,7 @@ def _check_json_lines(path: Path) -> None:
                 raise _RowError(f"{path}, row {i}: not JSON ({exc.msg}, column {exc.colno}); each line holds one "
                                 "object, e.g. {\"a\": \"...\", \"b\": \"...\", \"score\": 4.2}.") from exc
             if not ok:
-                raise _RowError(f"{path}, row {i}: a JSON {type(json.loads(line)).__name__}, not an object; each "
+                raise _RowError(f"{path}, row {i}: a JSON value that is not an object; each "
                                 "line holds one object, e.g. {\"a\": \"...\", \"b\": \"...\", \"score\": 4.2}.")
 
 
