@@ -63,9 +63,8 @@ def add_sweep_args(p, *, default_samples: int) -> None:
     p.add_argument("--transfer", default="others",
                    help="do-no-harm checks: comma list of tasks whose validation pairs (those sharing no sentence "
                         "with the sweep's train split, and the whole split where some do) every trial is scored on; "
-                        "qqp's duplicates are also a "
-                        "retrieval check (the frozen top 20 per query re-ranked, nDCG@10); 'others' = every other "
-                        "task (default), 'none' = no checks")
+                        "qqp's duplicates are also a retrieval check (the frozen top 20 per query re-ranked, "
+                        "nDCG@10); 'others' = every other task (default), 'none' = no checks")
     p.add_argument("--transfer-tolerance", type=float_above(0, inclusive=True), default=0.001,
                    help="the winner's delta on every transfer check (Spearman; nDCG@10 for retrieval) must be "
                         ">= -tolerance on every seed (default 0.001)")
