@@ -266,10 +266,10 @@ def test_transfer_splits_are_scored_per_seed_against_the_frozen_cosine(small):
     assert base.summary["transfer_delta_min"] == 0.0
 
 
-def test_a_whole_transfer_split_is_scored_with_the_familiarity_it_has_when_served(small):
-    """"transfer:<task>-all" holds pairs whose sentences the adapter trained on: it is scored as the service scores
-    them (the novelty gate's own familiarity, a training sentence its own nearest neighbour), not with the
-    leave-one-out familiarity the other splits read, which would close the gate on them."""
+def test_every_split_but_train_is_scored_with_the_familiarity_it_has_when_served(small):
+    """Validation, test and transfer pairs are scored as the service scores them: the novelty gate's own familiarity,
+    a sentence that also occurs in train its own nearest neighbour, not the leave-one-out familiarity training reads
+    (which would close the gate on pairs the service opens it on). Here every split holds the training pairs."""
     from scipy import stats
 
     from embed_lib.training.adapters import NoveltyGate, PairAdapter
@@ -277,21 +277,25 @@ def test_a_whole_transfer_split_is_scored_with_the_familiarity_it_has_when_serve
     from embed_lib.training.tensors import StudyData
 
     train = small.splits["train"]
-    data = StudyData(small.task, small.binary, small.X, {**small.splits, "transfer:own": train,
-                                                         "transfer:own-all": train},
+    data = StudyData(small.task, small.binary, small.X, {**small.splits, "validation": train, "test": train,
+                                                         "transfer:own": train, "transfer:own-all": train},
                      small.sentence_target, small.manifest, small.split_notes)
     r = train_seed_group(_cfg(novelty_quantile=0.5), data)
     gate = NoveltyGate(r.state_dict["novelty.ref"], *r.state_dict["novelty.bounds"].tolist())
     model = PairAdapter.from_config(r.config, data.X.shape[1], novelty=gate)
     model.load_state_dict(r.state_dict)
-    served, _ = score_split(model, data.X, train)
+    served, _ = score_split(model, data.X, train)  # the gate searches its own familiarity, as when served
+    assert np.abs(served - score_split(model, data.X, train, data.familiarity(served=True))[0]).max() < 1e-6
     loo, _ = score_split(model, data.X, train, data.familiarity())
     assert np.abs(served - loo).max() > 1e-4  # the two familiarities differ on training sentences
     y = train.y.numpy()
     base = stats.spearmanr(train.s0, y).statistic
     for k, seed in enumerate(r.per_seed):
-        assert seed["transfer/own-all/delta"] == pytest.approx(stats.spearmanr(served[k], y).statistic - base, abs=1e-9)
-        assert seed["transfer/own/delta"] == pytest.approx(stats.spearmanr(loo[k], y).statistic - base, abs=1e-9)
+        want = stats.spearmanr(served[k], y).statistic
+        assert seed["val/spearman"] == pytest.approx(want, abs=1e-9)
+        assert seed["test/spearman"] == pytest.approx(want, abs=1e-9)
+        assert seed["transfer/own-all/delta"] == pytest.approx(want - base, abs=1e-9)
+        assert seed["transfer/own/delta"] == pytest.approx(want - base, abs=1e-9)
 
 
 def test_transfer_checks_add_the_whole_split_where_some_pairs_share_a_sentence_with_train(monkeypatch):

@@ -20,7 +20,7 @@ from embed_lib.config import AdapterConfig
 from embed_lib.training import losses
 from embed_lib.training.adapters import PairAdapter
 from embed_lib.training.metrics import PRIMARY_METRIC, evaluate
-from embed_lib.training.tensors import TRANSFER_PREFIX, WHOLE_SUFFIX, SplitTensors, StudyData, novelty_gate
+from embed_lib.training.tensors import TRANSFER_PREFIX, SplitTensors, StudyData, novelty_gate
 
 EVAL_CHUNK = 8192
 
@@ -91,17 +91,18 @@ class _Fit:
     model: PairAdapter
     opt: torch.optim.Optimizer | None
     center: torch.nn.Parameter | None  # the logistic loss's learned midpoint, per seed
-    fam: torch.Tensor | None  # (m,) familiarity of every sentence, for the novelty gate
+    fam: torch.Tensor | None  # (m,) familiarity of every sentence for the novelty gate: leave-one-out, for training
+    served_fam: torch.Tensor | None  # (m,) the gate's own, for scoring every other split as the service scores it
     pair_t: torch.Tensor | None  # (S, n) difficulty target of each train pair (permuted per seed: shuffled control)
     sent_t: torch.Tensor | None  # (m,) per-sentence difficulty target
     gens: list[torch.Generator]  # one per seed: batch order and the shuffled control's permutation
 
 
 def _build(cfg: AdapterConfig, data: StudyData, dev: torch.device) -> _Fit:
-    fam = gate = None
+    fam = served_fam = gate = None
     if cfg.novelty_quantile > 0:
         gate = novelty_gate(data, cfg.novelty_quantile)
-        fam = data.familiarity().to(dev)
+        fam, served_fam = data.familiarity().to(dev), data.familiarity(served=True).to(dev)
     model = PairAdapter.from_config(cfg, data.X.shape[1], novelty=gate).to(dev)
     # the shuffled-c control permutes c within each evaluation batch: its own generator, reset per epoch
     model.shuffle_generator = torch.Generator().manual_seed(cfg.seed0)
@@ -122,7 +123,7 @@ def _build(cfg: AdapterConfig, data: StudyData, dev: torch.device) -> _Fit:
             # the shuffled-target control: same gate, targets permuted over the train pairs per seed
             pair_t = torch.stack([pair_t[k, torch.randperm(n, generator=g)] for k, g in enumerate(gens)])
         pair_t = pair_t.to(dev)
-    return _Fit(model, opt, center, fam, pair_t, sent_t, gens)
+    return _Fit(model, opt, center, fam, served_fam, pair_t, sent_t, gens)
 
 
 def _loss(cfg: AdapterConfig, fit: _Fit, out, y: torch.Tensor, idx: torch.Tensor, ia: torch.Tensor,
@@ -170,7 +171,7 @@ def _train_epochs(cfg: AdapterConfig, data: StudyData, fit: _Fit,
             loss.sum().backward()  # a sum keeps each seed's gradient its own
             fit.opt.step()
         model.shuffle_generator.manual_seed(cfg.seed0 + epoch)  # shuffled-c control: one eval permutation per epoch
-        val = _spearman_rows(score_split(model, X, va, fit.fam)[0], y_val)
+        val = _spearman_rows(score_split(model, X, va, fit.served_fam)[0], y_val)
         better = val > best_val
         if better.any():
             mask = torch.from_numpy(better).to(dev)
@@ -205,8 +206,8 @@ def _evaluate(cfg: AdapterConfig, data: StudyData, fit: _Fit, evaluate_test: boo
     for split, prefix in eval_splits:
         sp = data.splits[split]
         t_split = time.perf_counter()
-        # a whole transfer split: its sentences from train with the familiarity they have when served
-        scores, aux_out[split] = score_split(model, data.X, sp, None if split.endswith(WHOLE_SUFFIX) else fit.fam)
+        # train as trained (leave-one-out), every other split as served: a sentence also in train its own neighbour
+        scores, aux_out[split] = score_split(model, data.X, sp, fit.fam if split == "train" else fit.served_fam)
         if split == "validation":  # the served ensemble's cost: every seed, cached vectors
             pairs_per_s = len(sp.ia) / max(time.perf_counter() - t_split, 1e-9)
         y = sp.y.cpu().numpy()
@@ -225,7 +226,7 @@ def _evaluate(cfg: AdapterConfig, data: StudyData, fit: _Fit, evaluate_test: boo
             ensemble.update(evaluate(scores.mean(0), y, data.binary, prefix))
     for name, check in data.retrieval_checks().items():  # a duplicate-question set's frozen top-k, re-ranked
         rows = [torch.from_numpy(r).to(data.X.device) for r in check.pairs()]
-        scores, _ = score_split(model, data.X, SplitTensors(*rows, None, None), fit.fam)
+        scores, _ = score_split(model, data.X, SplitTensors(*rows, None, None), fit.served_fam)
         baseline[f"transfer/{name}-retrieval/ndcg@10"] = check.baseline_ndcg
         for k, delta in enumerate(check.deltas(scores)):
             per_seed[k][f"transfer/{name}-retrieval/delta"] = delta

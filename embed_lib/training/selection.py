@@ -4,7 +4,9 @@ A configuration "wins" only if (1) its validation delta is positive on every see
 elsewhere: on every transfer check (another task's validation pairs unseen in training, and its whole validation
 split where some pairs share a sentence with train; for duplicate questions also their re-ranking,
 `embed_lib.training.retrieval.RetrievalCheck`) every seed's delta (Spearman, or nDCG@10) is >= -tolerance. Among those the best mean validation delta wins, and near-ties (within
-`tie`) go to the smaller gamma. Test is never read here.
+`tie`) go to the smaller gamma. Test is never read here. Every split is scored as the service scores it: a sentence
+that also occurs in train has the novelty gate's own familiarity (its own nearest neighbour), not the leave-one-out
+familiarity training reads (`embed_lib.training.tensors.StudyData.familiarity`).
 """
 from __future__ import annotations
 
@@ -65,7 +67,7 @@ def select_winner(rows: Sequence[dict[str, Any]], tie: float = 1e-4,
 
 def rule_text(tolerance: float = TRANSFER_TOLERANCE) -> str:
     """The winner rule in words: recorded on every registered version (versions under other rules do not compete)."""
-    return (f"validation delta > 0 on every seed; every transfer delta >= -{tolerance:g} on every seed (pairs unseen "
+    return (f"validation delta > 0 on every seed, pairs scored as served; every transfer delta >= -{tolerance:g} on every seed (pairs unseen "
             "in training, and the whole split where some share a sentence with train); best mean validation delta, "
             "near-ties to the smaller gamma")
 

@@ -22,7 +22,7 @@ from embed_lib.training.signals import ce_margin, lexical_hard, per_sentence_mea
 #: a split named "transfer:<task>" is another task's pairs, scored once at the end (do-no-harm checks)
 TRANSFER_PREFIX = "transfer:"
 #: "transfer:<task>-all": the whole validation split of a task some of whose pairs share a sentence with train
-#: ("transfer:<task>" leaves those out); scored with the gate's own familiarity, as served (not leave-one-out)
+#: ("transfer:<task>" leaves those out, so that the check reads how the adapter treats sentences it never saw)
 WHOLE_SUFFIX = "-all"
 #: reference sentences the novelty gate keeps (a seeded sample when the training split has more)
 NOVELTY_REF_MAX = 20_000
@@ -67,9 +67,17 @@ class StudyData:
         tr = self.splits["train"]
         return torch.unique(torch.cat([tr.ia, tr.ib]))
 
-    def familiarity(self) -> torch.Tensor:
+    def familiarity(self, served: bool = False) -> torch.Tensor:
         """(m,) max cosine of every sentence to the training sentences (of the novelty gate's reference set),
-        leave-one-out for the training sentences themselves: how familiar a sentence never trained on looks."""
+        leave-one-out for the training sentences themselves: how familiar a sentence never trained on looks. What
+        training reads. served: the novelty gate's own familiarity, a reference sentence its own nearest neighbour
+        (cosine 1): what the service gives every pair it scores, so what every split but train is scored with."""
+        if served:
+            rows = novelty_reference_rows(self)
+            xn = torch.nn.functional.normalize(self.X[rows].float(), dim=-1)
+            out = self.familiarity().clone()
+            out[rows] = torch.maximum(out[rows], (xn * xn).sum(-1))
+            return out
         if self._familiarity is None:
             ref_rows = novelty_reference_rows(self)
             ref = torch.nn.functional.normalize(self.X[ref_rows].float(), dim=-1)
