@@ -67,9 +67,9 @@ def select_winner(rows: Sequence[dict[str, Any]], tie: float = 1e-4,
 
 def rule_text(tolerance: float = TRANSFER_TOLERANCE) -> str:
     """The winner rule in words: recorded on every registered version (versions under other rules do not compete)."""
-    return (f"validation delta > 0 on every seed, pairs scored as served; every transfer delta >= -{tolerance:g} on every seed (pairs unseen "
-            "in training, and the whole split where some share a sentence with train); best mean validation delta, "
-            "near-ties to the smaller gamma")
+    return (f"validation delta > 0 on every seed, pairs scored as served; every transfer delta >= -{tolerance:g} on "
+            "every seed (pairs unseen in training, and the whole split where some share a sentence with train); best "
+            "mean validation delta, near-ties to the smaller gamma")
 
 
 def no_winner_reason(rows: Sequence[dict[str, Any]], tolerance: float = TRANSFER_TOLERANCE) -> str:
