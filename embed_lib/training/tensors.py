@@ -75,16 +75,16 @@ class StudyData:
         if served:
             rows = novelty_reference_rows(self)
             xn = torch.nn.functional.normalize(self.X[rows].float(), dim=-1)
-            out = self.familiarity().clone()
+            out = self.familiarity().to(self.X.device, copy=True)
             out[rows] = torch.maximum(out[rows], (xn * xn).sum(-1))
             return out
         if self._familiarity is None:
             ref_rows = novelty_reference_rows(self)
             ref = torch.nn.functional.normalize(self.X[ref_rows].float(), dim=-1)
             xn = torch.nn.functional.normalize(self.X.float(), dim=-1)
-            out = torch.empty(len(xn))
-            pos = torch.full((len(xn),), -1, dtype=torch.long)
-            pos[ref_rows] = torch.arange(len(ref_rows))
+            out = torch.empty(len(xn), device=xn.device)
+            pos = torch.full((len(xn),), -1, dtype=torch.long, device=xn.device)
+            pos[ref_rows] = torch.arange(len(ref_rows), device=xn.device)
             for i in range(0, len(xn), 4096):
                 sims = xn[i: i + 4096] @ ref.T  # (chunk, r)
                 own = pos[i: i + 4096]
