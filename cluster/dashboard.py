@@ -9,14 +9,22 @@ after its polling rounds, seconds after the job's last line.
     python3 cluster/dashboard.py wait-serve <dashboard address> <Serve config>
         waits until every application of the config is RUNNING with healthy deployments (exit 0, prints the
         docs URL) or one of them has failed (exit 1, with its message); 600 s at the most.
+    python3 cluster/dashboard.py serve-port <dashboard address> <Serve config> [<the config's name to print>]
+        exits 1 naming the port and what holds it when Serve has not started on this cluster yet and the config's
+        http_options host and port are taken by another process (Serve's ingress would fail on it ~15 s into the
+        deploy, with HAProxy's own line); exits 0 otherwise (a running Serve's ingress holds its port itself).
     python3 cluster/dashboard.py busy <dashboard address>
         prints the cluster's other work, a job not ended or a Serve application, and exits 0; exits 1 when it
         holds none (or the API does not answer): what `local.sh release` asks before it stops a cluster.
 """
 from __future__ import annotations
 
+import errno
 import json
 import os
+import re
+import socket
+import subprocess
 import sys
 import time
 import urllib.error
@@ -128,11 +136,60 @@ def busy(address: str, token: str | None) -> list[str]:
     return other_work(*answers)
 
 
+def port_taken(host: str, port: int) -> bool:
+    """Whether a listening socket on `host`:`port` could not be opened now (as Serve's ingress opens it: with
+    SO_REUSEADDR, so that closed connections in TIME_WAIT do not count)."""
+    with socket.socket(socket.AF_INET6 if ":" in host else socket.AF_INET) as sock:
+        sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+        try:
+            sock.bind((host, port))
+        except OSError as exc:
+            return exc.errno == errno.EADDRINUSE
+    return False
+
+
+def holder(port: int) -> str:
+    """'process, pid N' listening on `port` as `ss` sees it; '' when it names none (another user's process)."""
+    try:
+        out = subprocess.run(["ss", "-ltnpH", f"sport = :{port}"], capture_output=True, text=True, timeout=10).stdout
+    except (OSError, subprocess.SubprocessError):
+        return ""
+    m = re.search(r'users:\(\("([^"]+)",pid=(\d+)', out)
+    return f"{m.group(1)}, pid {m.group(2)}" if m else ""
+
+
+def serve_port_problem(config: dict, serve: dict | None, where: str) -> str | None:
+    """Why Serve's ingress could not listen where `config` (the file `where`) asks, from the dashboard's answer to
+    GET /api/serve/applications/ (None: no answer); None when Serve already runs on this cluster (its ingress holds
+    the port itself, and a redeploy keeps it), when the API did not answer, or when the port is free."""
+    if serve is None or serve.get("controller_info"):
+        return None
+    http = config.get("http_options") or {}
+    host, port = str(http.get("host") or "127.0.0.1"), int(http.get("port") or 8000)
+    if not port_taken(host, port):
+        return None
+    who = holder(port)
+    return (f"serve: {host}:{port} (http_options of {where}) is in use" + (f" by {who}" if who else "")
+            + ": Serve's ingress could not listen there. Stop what holds it (another `make serve`? `make cluster-stop` "
+            "in that clone), or deploy a copy of the config with another http_options.port "
+            "(cluster/local.sh serve <config>).")
+
+
 def main(argv: list[str]) -> int:
     if argv[:1] == ["busy"] and len(argv) == 2:
         work = busy(argv[1], _token())
         print(", ".join(work))
         return 0 if work else 1
+    if argv[:1] == ["serve-port"] and len(argv) in (3, 4):
+        try:
+            serve = _get(f"{argv[1].rstrip('/')}/api/serve/applications/", _token())
+        except (urllib.error.URLError, OSError, ValueError):
+            serve = None
+        with open(argv[2], encoding="utf-8") as fh:
+            problem = serve_port_problem(yaml.safe_load(fh) or {}, serve, argv[-1])
+        if problem:
+            print(problem, file=sys.stderr)
+        return 1 if problem else 0
     if len(argv) != 3 or argv[0] not in ("follow-job", "wait-serve"):
         print(__doc__.split("\n\n", 1)[1].rstrip(), file=sys.stderr)
         return 2

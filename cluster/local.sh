@@ -246,12 +246,18 @@ case "${1:-}" in
     if (( $# )) && [[ "$1" != *=* ]]; then config="$1"; shift; fi
     [[ -f "$config" ]] || { echo "serve: no Serve config at $config (e.g. serving/config.yaml)" >&2; exit 2; }
     config="$(realpath "$config")"
-    if (( $# )); then
-      python3 "$ROOT/cluster/serve_config.py" "$config" "$STATE/serve/$(basename "$config")" "$@" || exit 2
+    # KEY=VALUE go into a copy; so does, on this loopback-only cluster, http_options.host 127.0.0.1 where the config
+    # has none (behind Serve's HAProxy ingress Ray's default host is every interface)
+    source="$config"
+    if (( $# )) || ! multi; then
+      python3 "$ROOT/cluster/serve_config.py" $(multi || echo --loopback) "$config" "$STATE/serve/$(basename "$config")" \
+        "$@" || exit 2
       config="$STATE/serve/$(basename "$config")"
     fi
     running || multi || { echo "local Ray is not running: cluster/local.sh start first" >&2; exit 1; }
     cd "$ROOT"
+    # the config's HTTP port taken by another process: said here, not by HAProxy's own line ~15 s into the deploy
+    multi || python3 "$ROOT/cluster/dashboard.py" serve-port "$DASH_URL" "$config" "$source" || exit 1
     serve deploy "$config" --address "$DASH_URL"
     # wait on the dashboard's Serve REST API (what `serve status` reads, polled from one process instead of a
     # Python that imports Ray per look) until every application of the config is RUNNING with healthy

@@ -1,11 +1,15 @@
 """A Serve config with some of its applications' arguments set from the command line (`cluster/local.sh serve CONFIG
 KEY=VALUE ...`, `make serve TASK=qqp`), written beside the cluster's state and checked before it is deployed.
 
-    python cluster/serve_config.py CONFIG OUT KEY=VALUE ...    # OUT "-": check only, write nothing
+    python cluster/serve_config.py [--loopback] CONFIG OUT KEY=VALUE ...    # OUT "-": check only, write nothing
 
 Each KEY=VALUE sets `args.KEY` of every application of CONFIG (the value read as YAML: 8 is a number, null is
 None, {min: 1, max: 2} a mapping); the result must still validate as `serving.args.AppArgs`, so that a misspelt key
-or a bad value ends here in one line (exit 2) instead of in a failed deployment.
+or a bad value ends here in one line (exit 2) instead of in a failed deployment. --loopback (what `local.sh serve`
+gives on its loopback-only cluster): a config without `http_options.host` is served on 127.0.0.1, said in one line.
+Ray's default host is loopback behind Serve's Python proxy but every interface behind its HAProxy ingress
+(`ray.serve._private.constants`: HAProxy on other nodes must reach the replicas), so a config copied without it would
+expose the service on the machine's addresses.
 """
 from __future__ import annotations
 
@@ -41,21 +45,41 @@ def overridden(config: dict, pairs: list[str]) -> dict:
     return config
 
 
+def loopback_by_default(config: dict, where: str) -> str | None:
+    """Sets `http_options.host` to 127.0.0.1 where `config` (the file `where`) gives none; returns the line that says
+    so, else None (a host given, or http_options not a mapping, which Serve's own validation names)."""
+    http = config.setdefault("http_options", {})
+    if http is None:
+        http = config["http_options"] = {}
+    if not isinstance(http, dict) or http.get("host"):
+        return None
+    http["host"] = "127.0.0.1"
+    return (f"serve: {where} sets no http_options.host: serving on 127.0.0.1 (behind Serve's HAProxy ingress Ray's "
+            "default is every interface); give a host to expose the service deliberately (docs/clusters.md, Network "
+            "exposure).")
+
+
 def main(argv: list[str]) -> int:
-    if len(argv) < 3:
+    loopback = argv[:1] == ["--loopback"]
+    argv = argv[1:] if loopback else argv
+    if len(argv) < 3 - loopback:  # --loopback alone may copy a config with no KEY=VALUE
         print(__doc__.split("\n\n", 1)[1].split("\n\n", 1)[0].strip(), file=sys.stderr)
         return 2
     source, out, pairs = Path(argv[0]), Path(argv[1]), argv[2:]
     try:
-        config = overridden(yaml.safe_load(source.read_text(encoding="utf-8")) or {}, pairs)
+        config = yaml.safe_load(source.read_text(encoding="utf-8")) or {}
+        config = overridden(config, pairs) if pairs else config
     except ValueError as exc:
         print(f"serve: {exc}", file=sys.stderr)
         return 2
+    note = loopback_by_default(config, str(source)) if loopback and isinstance(config, dict) else None
+    if note:
+        print(note)
     if str(out) == "-":
         return 0
     out.parent.mkdir(parents=True, exist_ok=True)
-    out.write_text(f"# {source} with {' '.join(pairs)} (cluster/serve_config.py)\n" + yaml.safe_dump(config,
-                                                                                                   sort_keys=False))
+    what = " with ".join([str(source), *([" ".join(pairs)] if pairs else [])]) + (", on 127.0.0.1" if note else "")
+    out.write_text(f"# {what} (cluster/serve_config.py)\n" + yaml.safe_dump(config, sort_keys=False))
     return 0
 
 

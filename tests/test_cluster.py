@@ -154,7 +154,7 @@ def test_start_names_a_port_another_process_holds_and_starts_nothing(tmp_path):
     assert not (tmp_path / "ray").exists()  # no state dir: nothing was started
 
 
-def test_serve_arguments_from_the_command_line_set_every_application_and_keep_the_rest():
+def test_serve_arguments_from_the_command_line_set_every_application_and_keep_the_rest(tmp_path):
     """`cluster/local.sh serve CONFIG KEY=VALUE ...` (`make serve TASK=qqp`, SERVE_ARGS): values read as YAML, set in
     every application of a copy of the config, the config itself untouched."""
     serve_config = _script("serve_config")
@@ -175,6 +175,16 @@ def test_serve_arguments_from_the_command_line_set_every_application_and_keep_th
         serve_config.overridden(yaml.safe_load(before), ["cascade_budget=2"])
     with pytest.raises(ValueError, match="the config lists no application"):
         serve_config.overridden({}, ["max_pairs=8"])
+    # --loopback (`local.sh serve` on its loopback-only cluster): a config without a host is served on 127.0.0.1
+    bare = {"http_options": {"port": 8123}, "applications": []}
+    note = serve_config.loopback_by_default(bare, "c.yaml")
+    assert bare["http_options"] == {"port": 8123, "host": "127.0.0.1"} and note.startswith("serve: c.yaml sets no ")
+    for given in ({"http_options": {"host": "0.0.0.0"}}, {"http_options": "junk"}):
+        assert serve_config.loopback_by_default(given, "c.yaml") is None and "127.0.0.1" not in str(given)
+    assert serve_config.loopback_by_default(none := {"http_options": None}, "c") and none["http_options"]["host"]
+    copy = tmp_path / "copy.yaml"
+    assert serve_config.main(["--loopback", str(source), str(copy)]) == 0
+    assert yaml.safe_load(copy.read_text()) == yaml.safe_load(before)  # it gives a host: the same config
     # OUT "-": what `make serve SERVE_ARGS=...` runs before it starts a cluster (a check; nothing written)
     assert serve_config.main([str(source), "-", "max_pairs=8"]) == 0
     assert serve_config.main([str(source), "-", "max_pairs=0"]) == 2
@@ -332,6 +342,29 @@ def test_release_sees_the_other_work_a_cluster_holds():
     assert dashboard.busy(f"http://127.0.0.1:{free_ports(1)[0]}", "tok") == []
 
 
+def test_serve_names_a_port_another_process_holds_before_it_deploys(tmp_path):
+    """`local.sh serve` asks `dashboard.py serve-port` first: where Serve has not started on the cluster and another
+    process listens on the config's HTTP port (on that address or on every address), the answer names the port, the
+    config and the holder; a Serve already running holds its port itself (a redeploy), and no answer from the
+    dashboard leaves the deploy to say what it finds."""
+    import socket
+
+    dashboard = _dashboard()
+    no_serve = {"controller_info": {}, "proxies": {}, "applications": {}, "target_capacity": None}
+    for bind_host in ("127.0.0.1", "0.0.0.0"):
+        with socket.socket() as held:
+            held.bind((bind_host, 0))
+            held.listen()
+            port = held.getsockname()[1]
+            config = {"http_options": {"host": "127.0.0.1", "port": port}}
+            problem = dashboard.serve_port_problem(config, no_serve, "serving/config.yaml")
+            assert problem.startswith(f"serve: 127.0.0.1:{port} (http_options of serving/config.yaml) is in use by ")
+            assert f"pid {os.getpid()}" in problem and "another http_options.port" in problem
+            assert dashboard.serve_port_problem(config, {**no_serve, "controller_info": {"node_id": "n"}}, "c") is None
+            assert dashboard.serve_port_problem(config, None, "c") is None
+    assert dashboard.serve_port_problem(config, no_serve, "c") is None  # closed: free again
+
+
 @pytest.mark.integration
 def test_the_local_cluster_listens_on_loopback_only_and_stop_closes_every_port():
     """A cluster of its own: every socket its processes listen on is on loopback (nothing is on an
@@ -374,6 +407,27 @@ def test_the_local_cluster_listens_on_loopback_only_and_stop_closes_every_port()
         line = f'eval "$({shlex.quote(script)} env)" && exec {shlex.quote(sys.executable)} -c {shlex.quote(code)}'
         driver = subprocess.run(["bash", "-c", line], env=shell, capture_output=True, text=True, timeout=120)
         assert driver.returncode == 0 and driver.stdout.split()[-1] == "1", driver.stdout[-2000:] + driver.stderr[-2000:]
+        # `serve` on a port another process holds: refused before the deploy, naming it; nothing is deployed
+        import socket
+
+        with socket.socket() as held:
+            held.bind(("127.0.0.1", 0))
+            held.listen()
+            port = held.getsockname()[1]
+            config = Path(state) / "held.yaml"
+            serving = yaml.safe_load((REPO / "serving" / "config.yaml").read_text())
+            config.write_text(yaml.safe_dump({**serving, "http_options": {"port": port}}))
+            t0 = time.time()
+            refused = subprocess.run([script, "serve", str(config)], env=env, capture_output=True, text=True,
+                                     timeout=120)
+        # the config gives no host: served on loopback (Ray's default behind HAProxy is every interface), said so
+        assert f"serve: {config} sets no http_options.host: serving on 127.0.0.1" in refused.stdout, refused.stdout
+        assert refused.returncode == 1 and f"serve: 127.0.0.1:{port} (http_options of {config}) is in use by " \
+            in refused.stderr, refused.stdout + refused.stderr
+        assert time.time() - t0 < 30 and "Serve application" not in subprocess.run(
+            [sys.executable, str(REPO / "cluster" / "dashboard.py"), "busy", f"http://127.0.0.1:{env['RAY_DASHBOARD_PORT']}"],
+            env=dict(env, RAY_AUTH_TOKEN_PATH=env.get("RAY_AUTH_TOKEN_PATH") or str(state / "auth_token")),
+            capture_output=True, text=True).stdout
         # `release --if-left` (the end of a `make run` that did not start it) leaves a cluster alone that no release
         # left running; `release` (the end of a `make run` that started it) leaves it running while another job is on
         # it; then the end of the other run (`release --if-left`) stops it once the job has ended
