@@ -1,7 +1,7 @@
 """Ray Serve application: the MLflow champion adapter as a pair-scoring and re-ranking HTTP service.
 
-    serve run serving.app:build_app model_uri=models:/pair-residual-stsb@champion
-    serve deploy serving/config.yaml
+    make serve                                   # cluster/local.sh serve serving/config.yaml on a local cluster
+    serve run serving/config.yaml                # on that cluster, in the foreground (docs/serving.md)
 
 Deployments (serving/deployments.py): `Encoder`, an optional `CrossEncoderScorer` (or the same cross-encoder inside
 the ingress replica: `cross_encoder_placement`), `WarmJobs`; and `Ingress` here: the routes (our API, plus the
