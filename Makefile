@@ -74,6 +74,8 @@ smoke: venv
 ## that fails stops the cluster it started. TASK=qqp (mrpc, paws) serves that task's champion; SERVE_ARGS="KEY=VALUE
 ## ..." sets arguments of the application (serving/args.py), e.g. model_uri=models:/pair-residual-<task>/3
 SERVE_ARGS ?=
+## SERVE_PORT=8001: the service on another port of 127.0.0.1 (http_options.port of the deployed copy of the config)
+SERVE_PORT ?=
 TASK_SERVE = $(if $(filter mrpc qqp paws,$(TASK)),model_uri=models:/pair-residual-$(TASK)@champion warm_corpus=task:$(TASK))
 # $(1): a Serve config, $(2): KEY=VALUE arguments of its application, checked before a cluster starts; a deploy that
 # fails stops the cluster this started
@@ -83,7 +85,7 @@ define deploy
 	cluster/local.sh serve $(1) $(2) || { rc=$$?; [[ $$started == 0 ]] || cluster/local.sh stop; exit $$rc; }
 endef
 serve: venv
-	$(call deploy,serving/config.yaml,$(TASK_SERVE) $(SERVE_ARGS))
+	$(call deploy,serving/config.yaml,$(TASK_SERVE) $(SERVE_ARGS) $(if $(SERVE_PORT),http_options.port=$(SERVE_PORT)))
 
 ## the teacher as a served cross-encoder: one model on all of $(TASK)'s train split, registered in MLflow as
 ## models:/cross-encoder-$(TASK)@current (about 5 min on 2 cores for STS-B once make run has trained its teacher)
@@ -93,7 +95,7 @@ teacher: venv
 ## the champion with the difficulty-routed cascade (serving/config_cascade.yaml); needs make run and make teacher (the
 ## same TASK; SERVE_ARGS as for serve)
 serve-cascade: venv
-	$(call deploy,serving/config_cascade.yaml,$(TASK_SERVE) $(if $(TASK_SERVE),cross_encoder=models:/cross-encoder-$(TASK)@current) $(SERVE_ARGS))
+	$(call deploy,serving/config_cascade.yaml,$(TASK_SERVE) $(if $(TASK_SERVE),cross_encoder=models:/cross-encoder-$(TASK)@current) $(SERVE_ARGS) $(if $(SERVE_PORT),http_options.port=$(SERVE_PORT)))
 
 cluster-start: venv
 	cluster/local.sh start

@@ -160,19 +160,27 @@ def holder(port: int) -> str:
 
 def serve_port_problem(config: dict, serve: dict | None, where: str) -> str | None:
     """Why Serve's ingress could not listen where `config` (the file `where`) asks, from the dashboard's answer to
-    GET /api/serve/applications/ (None: no answer); None when Serve already runs on this cluster (its ingress holds
-    the port itself, and a redeploy keeps it), when the API did not answer, or when the port is free."""
-    if serve is None or serve.get("controller_info"):
+    GET /api/serve/applications/ (None: no answer): a running Serve on other HTTP options (Ray keeps them), or the
+    port taken by another process; None when Serve already runs there (its ingress holds the port itself), when the
+    API did not answer, or when the port is free."""
+    if serve is None:
         return None
     http = config.get("http_options") or {}
     host, port = str(http.get("host") or "127.0.0.1"), int(http.get("port") or 8000)
+    if serve.get("controller_info"):  # Ray keeps a running Serve's HTTP options whatever a later deploy asks
+        now = serve.get("http_options") or {}
+        if (now.get("host"), now.get("port")) in ((None, None), (host, port)):
+            return None
+        return (f"serve: Serve already runs on this cluster on {now.get('host')}:{now.get('port')}; {where} asks for "
+                f"{host}:{port}, and Ray keeps the HTTP options of a running Serve. Serve on {now.get('port')}, or "
+                "stop the cluster first (`make cluster-stop`).")
     if not port_taken(host, port):
         return None
     who = holder(port)
     return (f"serve: {host}:{port} (http_options of {where}) is in use" + (f" by {who}" if who else "")
             + ": Serve's ingress could not listen there. Stop what holds it (another `make serve`? `make cluster-stop` "
-            "in that clone), or deploy a copy of the config with another http_options.port "
-            "(cluster/local.sh serve <config>).")
+            "in that clone), or serve on another port: `make serve SERVE_PORT=8001` (`cluster/local.sh serve "
+            "<config> http_options.port=8001`).")
 
 
 def main(argv: list[str]) -> int:

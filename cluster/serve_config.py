@@ -5,7 +5,8 @@ KEY=VALUE ...`, `make serve TASK=qqp`), written beside the cluster's state and c
 
 Each KEY=VALUE sets `args.KEY` of every application of CONFIG (the value read as YAML: 8 is a number, null is
 None, {min: 1, max: 2} a mapping); the result must still validate as `serving.args.AppArgs`, so that a misspelt key
-or a bad value ends here in one line (exit 2) instead of in a failed deployment. --loopback (what `local.sh serve`
+or a bad value ends here in one line (exit 2) instead of in a failed deployment. http_options.port=N and
+http_options.host=ADDRESS set the config's own HTTP options instead (`make serve SERVE_PORT=8001`). --loopback (what `local.sh serve`
 gives on its loopback-only cluster): a config without `http_options.host` is served on 127.0.0.1, said in one line.
 Ray's default host is loopback behind Serve's Python proxy but every interface behind its HAProxy ingress
 (`ray.serve._private.constants`: HAProxy on other nodes must reach the replicas), so a config copied without it would
@@ -22,14 +23,42 @@ from pydantic import ValidationError
 from serving.args import AppArgs
 
 
+#: KEY=VALUE pairs that set the config's own HTTP options rather than an application's argument
+HTTP_KEYS = ("http_options.port", "http_options.host")
+
+
+def _http_option(config: dict, key: str, value: str) -> None:
+    """Sets http_options.port (an integer 1-65535) or http_options.host (an address) of `config`; ValueError else."""
+    name = key.split(".", 1)[1]
+    if name == "port":
+        try:
+            port = int(value)
+        except ValueError:
+            port = 0
+        if not 1 <= port <= 65535:
+            raise ValueError(f"{key}={value!r}: give a TCP port, an integer from 1 to 65535 (e.g. {key}=8001).")
+        config.setdefault("http_options", {})[name] = port
+    else:
+        if not value or any(c.isspace() for c in value):
+            raise ValueError(f"{key}={value!r}: give an address to listen on (127.0.0.1: this machine only).")
+        config.setdefault("http_options", {})[name] = value
+
+
 def overridden(config: dict, pairs: list[str]) -> dict:
-    """`config` with args.KEY = VALUE in every application; ValueError naming a malformed or invalid pair."""
+    """`config` with args.KEY = VALUE in every application (http_options.port / .host: the config's own HTTP
+    options); ValueError naming a malformed or invalid pair."""
     values = {}
     for pair in pairs:
         key, sep, value = pair.partition("=")
+        if sep and key in HTTP_KEYS:
+            if not isinstance(config.get("http_options") or {}, dict):
+                raise ValueError("the config's http_options is not a mapping.")
+            config["http_options"] = config.get("http_options") or {}
+            _http_option(config, key, value)
+            continue
         if not sep or not key or key not in AppArgs.model_fields:
             raise ValueError(f"{pair!r}: give KEY=VALUE with KEY an argument of the serving application, one of "
-                             f"{sorted(AppArgs.model_fields)}.")
+                             f"{sorted(AppArgs.model_fields)}, or one of {list(HTTP_KEYS)}.")
         values[key] = yaml.safe_load(value) if value else None
     apps = config.get("applications") or []
     if not apps:

@@ -175,6 +175,16 @@ def test_serve_arguments_from_the_command_line_set_every_application_and_keep_th
         serve_config.overridden(yaml.safe_load(before), ["cascade_budget=2"])
     with pytest.raises(ValueError, match="the config lists no application"):
         serve_config.overridden({}, ["max_pairs=8"])
+    # http_options.port / .host (`make serve SERVE_PORT=8001`): the config's own HTTP options, checked
+    moved = serve_config.overridden(yaml.safe_load(before), ["http_options.port=8001", "max_pairs=8"])
+    assert moved["http_options"] == {**config["http_options"], "port": 8001}
+    assert all(app["args"]["max_pairs"] == 8 and "http_options.port" not in app["args"] for app in moved["applications"])
+    for bad, field in (("http_options.port=x", "http_options.port='x': give a TCP port"),
+                       ("http_options.port=70000", "an integer from 1 to 65535"),
+                       ("http_options.host=", "http_options.host='': give an address")):
+        with pytest.raises(ValueError, match=re.escape(field)):
+            serve_config.overridden(yaml.safe_load(before), [bad])
+    assert serve_config.main([str(source), "-", "http_options.port=0"]) == 2
     # --loopback (`local.sh serve` on its loopback-only cluster): a config without a host is served on 127.0.0.1
     bare = {"http_options": {"port": 8123}, "applications": []}
     note = serve_config.loopback_by_default(bare, "c.yaml")
@@ -359,10 +369,16 @@ def test_serve_names_a_port_another_process_holds_before_it_deploys(tmp_path):
             config = {"http_options": {"host": "127.0.0.1", "port": port}}
             problem = dashboard.serve_port_problem(config, no_serve, "serving/config.yaml")
             assert problem.startswith(f"serve: 127.0.0.1:{port} (http_options of serving/config.yaml) is in use by ")
-            assert f"pid {os.getpid()}" in problem and "another http_options.port" in problem
+            assert f"pid {os.getpid()}" in problem and "make serve SERVE_PORT=8001" in problem
             assert dashboard.serve_port_problem(config, {**no_serve, "controller_info": {"node_id": "n"}}, "c") is None
             assert dashboard.serve_port_problem(config, None, "c") is None
     assert dashboard.serve_port_problem(config, no_serve, "c") is None  # closed: free again
+    # a running Serve keeps its HTTP options: a deploy asking for others is refused, naming both
+    running = {**no_serve, "controller_info": {"node_id": "n"}, "http_options": {"host": "127.0.0.1", "port": 8000}}
+    assert dashboard.serve_port_problem({"http_options": {"host": "127.0.0.1", "port": 8000}}, running, "c") is None
+    other = dashboard.serve_port_problem({"http_options": {"host": "127.0.0.1", "port": 8001}}, running, "c.yaml")
+    assert other.startswith("serve: Serve already runs on this cluster on 127.0.0.1:8000; c.yaml asks for "
+                            "127.0.0.1:8001") and "make cluster-stop" in other
 
 
 @pytest.mark.integration
