@@ -6,8 +6,10 @@ KEY=VALUE ...`, `make serve TASK=qqp`), written beside the cluster's state and c
 Each KEY=VALUE sets `args.KEY` of every application of CONFIG (the value read as YAML: 8 is a number, null is
 None, {min: 1, max: 2} a mapping); the result must still validate as `serving.args.AppArgs`, so that a misspelt key
 or a bad value ends here in one line (exit 2) instead of in a failed deployment. http_options.port=N and
-http_options.host=ADDRESS set the config's own HTTP options instead (`make serve SERVE_PORT=8001`). --loopback (what `local.sh serve`
-gives on its loopback-only cluster): a config without `http_options.host` is served on 127.0.0.1, said in one line.
+http_options.host=ADDRESS set the config's own HTTP options instead (`make serve SERVE_PORT=8001`).
+
+--loopback (what `local.sh serve` gives on its loopback-only cluster): a config without `http_options.host` is
+served on 127.0.0.1, said in one line.
 Ray's default host is loopback behind Serve's Python proxy but every interface behind its HAProxy ingress
 (`ray.serve._private.constants`: HAProxy on other nodes must reach the replicas), so a config copied without it would
 expose the service on the machine's addresses.

@@ -178,7 +178,8 @@ def test_serve_arguments_from_the_command_line_set_every_application_and_keep_th
     # http_options.port / .host (`make serve SERVE_PORT=8001`): the config's own HTTP options, checked
     moved = serve_config.overridden(yaml.safe_load(before), ["http_options.port=8001", "max_pairs=8"])
     assert moved["http_options"] == {**config["http_options"], "port": 8001}
-    assert all(app["args"]["max_pairs"] == 8 and "http_options.port" not in app["args"] for app in moved["applications"])
+    assert all(app["args"]["max_pairs"] == 8 and "http_options.port" not in app["args"]
+               for app in moved["applications"])
     for bad, field in (("http_options.port=x", "http_options.port='x': give a TCP port"),
                        ("http_options.port=70000", "an integer from 1 to 65535"),
                        ("http_options.host=", "http_options.host='': give an address")):
