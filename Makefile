@@ -71,12 +71,17 @@ smoke: venv
 	$(BIN)/python sweeps/pair_residual.py --task $(TASK) --smoke-test
 
 ## the MLflow champion as a service on http://127.0.0.1:8000 (serving/config.yaml); stop: make cluster-stop. A deploy
-## that fails stops the cluster it started. TASK=qqp (mrpc, paws) serves that task's champion; SERVE_ARGS="KEY=VALUE
+## that fails stops the cluster it started. TASK=qqp (mrpc, paws, a pair file) serves that task's champion; SERVE_ARGS="KEY=VALUE
 ## ..." sets arguments of the application (serving/args.py), e.g. model_uri=models:/pair-residual-<task>/3
 SERVE_ARGS ?=
 ## SERVE_PORT=8001: the service on another port of 127.0.0.1 (http_options.port of the deployed copy of the config)
 SERVE_PORT ?=
-TASK_SERVE = $(if $(filter mrpc qqp paws,$(TASK)),model_uri=models:/pair-residual-$(TASK)@champion warm_corpus=task:$(TASK))
+# the model a TASK registered: pair-residual-<name>, <name> a built-in task's or, for a pair file or hf:<id>, its slug
+# (embed_lib.data.custom_tasks.slug_of; a sweep's --task-name: give that name as TASK); a pair file warms the caches
+TASK_NAME = $(if $(filter stsb mrpc qqp paws,$(TASK)),$(TASK),$(shell $(BIN)/python -c 'import sys; from \
+	embed_lib.data.custom_tasks import slug_of; print(slug_of(sys.argv[1]))' '$(TASK)'))
+TASK_SERVE = $(if $(filter-out stsb,$(TASK)),model_uri=models:/pair-residual-$(TASK_NAME)@champion \
+	warm_corpus=$(if $(filter mrpc qqp paws,$(TASK)),task:$(TASK),$(if $(wildcard $(TASK)),$(abspath $(TASK)),null)))
 # $(1): a Serve config, $(2): KEY=VALUE arguments of its application, checked before a cluster starts; a deploy that
 # fails stops the cluster this started
 define deploy
@@ -95,7 +100,7 @@ teacher: venv
 ## the champion with the difficulty-routed cascade (serving/config_cascade.yaml); needs make run and make teacher (the
 ## same TASK; SERVE_ARGS as for serve)
 serve-cascade: venv
-	$(call deploy,serving/config_cascade.yaml,$(TASK_SERVE) $(if $(TASK_SERVE),cross_encoder=models:/cross-encoder-$(TASK)@current) $(SERVE_ARGS) $(if $(SERVE_PORT),http_options.port=$(SERVE_PORT)))
+	$(call deploy,serving/config_cascade.yaml,$(TASK_SERVE) $(if $(TASK_SERVE),cross_encoder=models:/cross-encoder-$(TASK_NAME)@current) $(SERVE_ARGS) $(if $(SERVE_PORT),http_options.port=$(SERVE_PORT)))
 
 cluster-start: venv
 	cluster/local.sh start

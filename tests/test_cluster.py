@@ -202,6 +202,31 @@ def test_serve_arguments_from_the_command_line_set_every_application_and_keep_th
     assert not (CLUSTER.parent / "-").exists()
 
 
+def _make_serve_args(target: str, task: str) -> str:
+    """The KEY=VALUE arguments `make <target> TASK=<task>` deploys with (`make -n`: printed, nothing run)."""
+    out = subprocess.run(["make", "-n", target, f"TASK={task}"], cwd=CLUSTER.parent, capture_output=True, text=True,
+                         timeout=60, check=True).stdout
+    line = next(ln for ln in out.splitlines() if "local.sh serve" in ln)
+    return line.split("local.sh serve ", 1)[1].split(" ||")[0]
+
+
+def test_make_serve_serves_the_champion_of_the_task_it_is_given(tmp_path):
+    """`make serve TASK=...`: STS-B the config's own; a built-in task its champion, warmed with its sentences; a
+    task of your own (a name, a pair file, hf:<id>) the model its sweep registered, pair-residual-<slug> (it served
+    STS-B's champion before, without a word); serve-cascade that task's served cross-encoder."""
+    pairs = tmp_path / "My-Pairs.v2.csv"
+    pairs.write_text("a,b,score\n")
+    assert _make_serve_args("serve", "stsb").split() == ["serving/config.yaml"]
+    assert _make_serve_args("serve", "qqp").split() == [
+        "serving/config.yaml", "model_uri=models:/pair-residual-qqp@champion", "warm_corpus=task:qqp"]
+    assert _make_serve_args("serve", "foo").split() == [
+        "serving/config.yaml", "model_uri=models:/pair-residual-foo@champion", "warm_corpus=null"]
+    assert _make_serve_args("serve", str(pairs)).split()[1:] == [
+        "model_uri=models:/pair-residual-my-pairs_v2@champion", f"warm_corpus={pairs}"]
+    assert _make_serve_args("serve", "hf:org/Set:cfg").split()[1] == "model_uri=models:/pair-residual-set_cfg@champion"
+    assert "cross_encoder=models:/cross-encoder-foo@current" in _make_serve_args("serve-cascade", "foo")
+
+
 def _container_env(manifest: dict) -> list[dict[str, str]]:
     """{name: value} of each container's env in a RayCluster / RayService manifest."""
     spec = manifest["spec"].get("rayClusterConfig", manifest["spec"])
