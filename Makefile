@@ -56,7 +56,8 @@ constraints:
 run: venv
 	@echo "$(DATA_NOTE)"
 	@# options are checked here, in seconds, before a cluster starts (inside the job it took ~15 s to the same line)
-	@[[ -z "$(strip $(SWEEP_ARGS))" ]] || $(BIN)/python sweeps/pair_residual.py --task $(TASK) $(SWEEP_ARGS) --check-flags
+	@[[ -z "$(strip $(SWEEP_ARGS))" && "$(TASK)" == stsb ]] || \
+	  $(BIN)/python sweeps/pair_residual.py --task '$(TASK)' $(SWEEP_ARGS) --check-flags
 	@started=0; cluster/local.sh status >/dev/null 2>&1 || { cluster/local.sh start || exit $$?; started=1; }; \
 	cluster/local.sh submit -- python sweeps/pair_residual.py --task $(TASK) $(SWEEP_ARGS); rc=$$?; \
 	if [[ $$started == 1 ]]; then cluster/local.sh release; else cluster/local.sh release --if-left; fi; \

@@ -227,6 +227,16 @@ def test_make_serve_serves_the_champion_of_the_task_it_is_given(tmp_path):
     assert "cross_encoder=models:/cross-encoder-foo@current" in _make_serve_args("serve-cascade", "foo")
 
 
+def test_make_run_checks_a_task_other_than_the_default_before_a_cluster_starts(tmp_path):
+    """`make run TASK=<unknown>` ends in the sweep's own check (`--check-flags`), not in a job on a cluster it
+    started for nothing (it did: ~20 s to the same line)."""
+    env = dict(os.environ, EMBED_RAY_DIR=str(tmp_path / "ray"), MLFLOW_TRACKING_URI=f"sqlite:///{tmp_path}/m.db")
+    run = subprocess.run(["make", "run", "TASK=no_such_task"], cwd=CLUSTER.parent, env=env, capture_output=True,
+                         text=True, timeout=120)
+    assert run.returncode != 0 and "--task 'no_such_task' is unknown" in run.stderr + run.stdout, run.stderr[-2000:]
+    assert "local Ray up" not in run.stdout and not (tmp_path / "ray").exists()
+
+
 def _container_env(manifest: dict) -> list[dict[str, str]]:
     """{name: value} of each container's env in a RayCluster / RayService manifest."""
     spec = manifest["spec"].get("rayClusterConfig", manifest["spec"])
