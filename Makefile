@@ -72,8 +72,9 @@ smoke: venv
 	$(BIN)/python sweeps/pair_residual.py --task $(TASK) --smoke-test
 
 ## the MLflow champion as a service on http://127.0.0.1:8000 (serving/config.yaml); stop: make cluster-stop. A deploy
-## that fails stops the cluster it started. TASK=qqp (mrpc, paws, a pair file) serves that task's champion; SERVE_ARGS="KEY=VALUE
-## ..." sets arguments of the application (serving/args.py), e.g. model_uri=models:/pair-residual-<task>/3
+## that fails stops the cluster it started. TASK=qqp (mrpc, paws, a pair file) serves that task's champion;
+## SERVE_ARGS="KEY=VALUE ..." sets arguments of the application (serving/args.py), e.g.
+## model_uri=models:/pair-residual-<task>/3
 SERVE_ARGS ?=
 ## SERVE_PORT=8001: the service on another port of 127.0.0.1 (http_options.port of the deployed copy of the config)
 SERVE_PORT ?=
