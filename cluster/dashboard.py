@@ -13,6 +13,8 @@ after its polling rounds, seconds after the job's last line.
         exits 1 naming the port and what holds it when Serve has not started on this cluster yet and the config's
         http_options host and port are taken by another process (Serve's ingress would fail on it ~15 s into the
         deploy, with HAProxy's own line); exits 0 otherwise (a running Serve's ingress holds its port itself).
+    python3 cluster/dashboard.py holder <port>
+        prints 'process, pid N' listening on the port (nothing when `ss` names none): `local.sh start`'s port check.
     python3 cluster/dashboard.py busy <dashboard address>
         prints the cluster's other work, a job not ended or a Serve application, and exits 0; exits 1 when it
         holds none (or the API does not answer): what `local.sh release` asks before it stops a cluster.
@@ -188,6 +190,9 @@ def main(argv: list[str]) -> int:
         work = busy(argv[1], _token())
         print(", ".join(work))
         return 0 if work else 1
+    if argv[:1] == ["holder"] and len(argv) == 2 and argv[1].isdigit():
+        print(holder(int(argv[1])))
+        return 0
     if argv[:1] == ["serve-port"] and len(argv) in (3, 4):
         try:
             serve = _get(f"{argv[1].rstrip('/')}/api/serve/applications/", _token())

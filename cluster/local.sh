@@ -123,10 +123,8 @@ case "${1:-}" in
                RAY_AGENT_GRPC_PORT:${RAY_AGENT_GRPC_PORT:-} RAY_RUNTIME_ENV_AGENT_PORT:${RAY_RUNTIME_ENV_AGENT_PORT:-} \
                RAY_METRICS_PORT:${RAY_METRICS_PORT:-}; do
       p="${var#*:}"; [[ -n "$p" ]] || continue
-      listening="$(ss -ltnpH "sport = :$p" 2>/dev/null || true)"
-      [[ -n "$listening" ]] || continue
-      who="$(grep -o 'users:(("[^"]*",pid=[0-9]*' <<<"$listening" | head -1 | sed 's/users:(("\(.*\)",pid=\(.*\)/\1, pid \2/' \
-             || true)"
+      ss -ltnH "sport = :$p" 2>/dev/null | grep -q . || continue
+      who="$(python3 "$ROOT/cluster/dashboard.py" holder "$p" 2>/dev/null || true)"
       taken="$taken ${var%%:*}=$p (${who:-another process})"
     done
     if [[ -n "$taken" ]]; then

@@ -29,21 +29,26 @@ from serving.args import AppArgs
 HTTP_KEYS = ("http_options.port", "http_options.host")
 
 
-def _http_option(config: dict, key: str, value: str) -> None:
-    """Sets http_options.port (an integer 1-65535) or http_options.host (an address) of `config`; ValueError else."""
+def _http(config: dict) -> dict | None:
+    """The config's http_options, made a mapping where it is missing or null; None when it is something else (which
+    Serve's own validation names)."""
+    if config.get("http_options") is None:
+        config["http_options"] = {}
+    return config["http_options"] if isinstance(config["http_options"], dict) else None
+
+
+def _http_option(http: dict, key: str, value: str) -> None:
+    """Sets http_options.port (an integer 1-65535) or http_options.host (an address); ValueError else."""
     name = key.split(".", 1)[1]
     if name == "port":
-        try:
-            port = int(value)
-        except ValueError:
-            port = 0
+        port = int(value) if value.isdigit() else 0
         if not 1 <= port <= 65535:
             raise ValueError(f"{key}={value!r}: give a TCP port, an integer from 1 to 65535 (e.g. {key}=8001).")
-        config.setdefault("http_options", {})[name] = port
+        http[name] = port
     else:
         if not value or any(c.isspace() for c in value):
             raise ValueError(f"{key}={value!r}: give an address to listen on (127.0.0.1: this machine only).")
-        config.setdefault("http_options", {})[name] = value
+        http[name] = value
 
 
 def overridden(config: dict, pairs: list[str]) -> dict:
@@ -53,10 +58,9 @@ def overridden(config: dict, pairs: list[str]) -> dict:
     for pair in pairs:
         key, sep, value = pair.partition("=")
         if sep and key in HTTP_KEYS:
-            if not isinstance(config.get("http_options") or {}, dict):
+            if (http := _http(config)) is None:
                 raise ValueError("the config's http_options is not a mapping.")
-            config["http_options"] = config.get("http_options") or {}
-            _http_option(config, key, value)
+            _http_option(http, key, value)
             continue
         if not sep or not key or key not in AppArgs.model_fields:
             raise ValueError(f"{pair!r}: give KEY=VALUE with KEY an argument of the serving application, one of "
@@ -79,10 +83,8 @@ def overridden(config: dict, pairs: list[str]) -> dict:
 def loopback_by_default(config: dict, where: str) -> str | None:
     """Sets `http_options.host` to 127.0.0.1 where `config` (the file `where`) gives none; returns the line that says
     so, else None (a host given, or http_options not a mapping, which Serve's own validation names)."""
-    http = config.setdefault("http_options", {})
-    if http is None:
-        http = config["http_options"] = {}
-    if not isinstance(http, dict) or http.get("host"):
+    http = _http(config)
+    if http is None or http.get("host"):
         return None
     http["host"] = "127.0.0.1"
     return (f"serve: {where} sets no http_options.host: serving on 127.0.0.1 (behind Serve's HAProxy ingress Ray's "
