@@ -6,6 +6,7 @@ import json
 import os
 import subprocess
 import sys
+import time
 from pathlib import Path
 
 import numpy as np
@@ -347,7 +348,8 @@ def test_a_real_intermediate_stage_round_trips_through_its_folder(tiny_splits, t
     cfg = TeacherConfig(max_length=32, intermediate="mrpc", intermediate_pairs=100)
     folder, record = warm_start(cfg, tiny_splits["train"], tmp_path, "cpu", lambda m: None)
     assert record["pairs"] == 100 and (Path(folder) / "intermediate.json").is_file()
-    assert [f.name for f in Path(folder).parent.iterdir()] == [Path(folder).name]  # no temporary folder left
+    # no temporary folder left; the lock it was trained under stays (an empty file: a lock removed could be held twice)
+    assert sorted(f.name for f in Path(folder).parent.iterdir()) == [Path(folder).name, Path(folder).name + ".lock"]
     pairs = [[a, b] for a, b in zip(tiny_splits["test"].sentence1, tiny_splits["test"].sentence2)]
     loaded = []
     for seed in (0, 1):  # a fresh head would differ between the two loads; the stage's trained head does not
@@ -418,6 +420,46 @@ def test_a_teacher_trained_elsewhere_is_cached_here_and_never_trained_again(tiny
     again, record2 = teacher_scores(tiny_splits, TINY, tmp_path)  # no compute: the cache written above
     assert record2["where"] == "a GPU node" and len(calls) == 1
     assert all(np.array_equal(again[k], scores[k]) for k in scores)
+
+
+def test_processes_asking_at_once_for_one_teacher_train_it_once_and_the_others_wait(tiny_splits, tmp_path,
+                                                                                    monkeypatch):
+    """Two sweeps of one task started together each trained the teacher (minutes, at half speed on shared cores):
+    the second now waits for the first and reads its cache. So does a second caller of the intermediate stage."""
+    import threading
+
+    calls, said = [], []
+
+    def slow(splits, cfg):
+        calls.append(threading.get_ident())
+        time.sleep(1.5)
+        return {k: np.full(len(d), 0.25, np.float32) for k, d in splits.items()}, {"key": teacher_key(cfg, splits)}
+
+    def stage(cfg, split, folder, key, device, progress):
+        calls.append(key)
+        time.sleep(1.5)
+        folder.mkdir(parents=True)
+        (folder / "intermediate.json").write_text(json.dumps({"key": key}))
+        return str(folder), {"key": key}
+
+    monkeypatch.setattr("embed_lib.teacher.intermediate._train_stage", stage)
+    staged = TeacherConfig(max_length=32, intermediate="mrpc", intermediate_pairs=100)
+    jobs = [lambda: teacher_scores(tiny_splits, TINY, tmp_path, compute=slow, progress=said.append),
+            lambda: warm_start(staged, tiny_splits["train"], tmp_path / "stage", "cpu", said.append)]
+    for job in jobs:
+        out = []
+        threads = [threading.Thread(target=lambda: out.append(job())) for _ in range(2)]
+        for t in threads:
+            t.start()
+            time.sleep(0.3)  # the first holds the lock
+        for t in threads:
+            t.join()
+        assert len(calls) == 1 and len(out) == 2, (calls, out)
+        first, second = (o[0] for o in out)  # the waiter's result is the maker's: scores, or the stage's folder
+        assert all(np.array_equal(first[k], second[k]) for k in first) if isinstance(first, dict) else first == second
+        assert "another process is making it" in said[-1]
+        calls.clear()
+    assert said[0].startswith("teacher ") and said[1].startswith("intermediate stage ")
 
 
 def test_fold_plan_runs_big_cpu_folds_at_once_and_the_rest_here(monkeypatch):
@@ -498,7 +540,7 @@ def test_a_teacher_with_non_finite_scores_is_refused_and_not_cached(tiny_splits,
                                                           for k, d in tiny_splits.items()})
     with pytest.raises(ValueError, match=r"train: 24 pairs, validation: 24 pairs, test: 24 pairs"):
         teacher_scores(tiny_splits, TINY, tmp_path)
-    assert not list((tmp_path / "teacher").glob("*"))
+    assert [f.suffix for f in (tmp_path / "teacher").iterdir()] == [".lock"]  # nothing but the lock it trained under
     pretrained = dataclasses.replace(TINY, pretrained=True)
     monkeypatch.setattr(recipe, "load", lambda *a, **k: None)
     monkeypatch.setattr(recipe, "predict", lambda ce, pairs, cfg: np.full(len(pairs), np.nan, np.float32))

@@ -14,6 +14,7 @@ on load, dropped with a warning, and its sentences are re-encoded, never silentl
 """
 from __future__ import annotations
 
+import contextlib
 import hashlib
 import json
 import logging
@@ -21,7 +22,7 @@ import os
 import uuid
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any, Mapping, Sequence
+from typing import Any, Callable, Iterator, Mapping, Sequence
 
 import numpy as np
 
@@ -74,6 +75,26 @@ def atomic_write(path: Path, write) -> None:
     finally:
         if tmp.exists():
             tmp.unlink()
+
+
+@contextlib.contextmanager
+def one_at_a_time(path: Path, what: str, progress: Callable[[str], None]) -> Iterator[None]:
+    """Held while this process makes what `path` caches (a teacher: minutes of training), through `<path>.lock`: a
+    second process making the same waits for the first, then finds its cache (two sweeps of one task started together
+    each trained the teacher, at half speed on a machine's shared cores). A process that dies releases its lock."""
+    from filelock import FileLock, Timeout  # lazy: only a cache miss needs it
+
+    path.parent.mkdir(parents=True, exist_ok=True)
+    lock = FileLock(f"{path}.lock")
+    try:
+        lock.acquire(timeout=0)
+    except Timeout:
+        progress(f"{what}: another process is making it (lock {path}.lock); waiting for it, then reading its result")
+        lock.acquire()
+    try:
+        yield
+    finally:
+        lock.release()
 
 
 def encoder_for(manifest: Mapping[str, Any], **overrides: Any):

@@ -31,6 +31,7 @@ import torch
 from embed_lib.config import check_backend, default_cache_dir
 from embed_lib.data.tasks import PairData
 from embed_lib.encoding.batching import SLACK, length_batches
+from embed_lib.encoding.cache import one_at_a_time
 from embed_lib.encoding.onnx_backend import cross_encoder_runner
 from embed_lib.encoding.weights import check_local, resolve_model
 from embed_lib.teacher import recipe
@@ -66,9 +67,21 @@ def served_teacher(splits: Mapping[str, PairData], cfg: TeacherConfig, s0: Mappi
     """(folder, record) of the served teacher of `cfg` on these splits; trained once, then read from the
     cache. `s0`: the frozen cosine per split (validation for the calibration; both for the record)."""
     folder = served_dir(cfg, splits, cache_root)
-    if (folder / RECORD).is_file() and (folder / "scores.npz").is_file():
-        return folder, json.loads((folder / RECORD).read_text())
     progress = progress or log.info
+    if _complete(folder):
+        return folder, json.loads((folder / RECORD).read_text())
+    with one_at_a_time(folder, "served teacher", progress):
+        if _complete(folder):  # trained by a process this one waited for
+            return folder, json.loads((folder / RECORD).read_text())
+        return folder, _train_served(splits, cfg, s0, folder, device, progress)
+
+
+def _complete(folder: Path) -> bool:
+    return (folder / RECORD).is_file() and (folder / "scores.npz").is_file()
+
+
+def _train_served(splits: Mapping[str, PairData], cfg: TeacherConfig, s0: Mapping[str, np.ndarray], folder: Path,
+                  device: str | None, progress: Callable[[str], None]) -> dict[str, Any]:
     device = device or ("cuda" if torch.cuda.is_available() else "cpu")
     train, val, test = splits["train"], splits["validation"], splits["test"]
     t0 = time.perf_counter()
@@ -101,7 +114,7 @@ def served_teacher(splits: Mapping[str, PairData], cfg: TeacherConfig, s0: Mappi
     ce.save_pretrained(str(folder), safe_serialization=True)
     np.savez(folder / "scores.npz", **scores)
     (folder / RECORD).write_text(json.dumps(record, indent=2))  # last: its presence marks a complete folder
-    return folder, record
+    return record
 
 
 class PairCrossEncoder:

@@ -28,6 +28,7 @@ from typing import TYPE_CHECKING, Any, Callable
 import numpy as np
 
 from embed_lib.data.tasks import PairData, default_data_dir, load_task, task_names
+from embed_lib.encoding.cache import one_at_a_time
 from embed_lib.teacher import recipe, shards
 from embed_lib.teacher.config import LATER_FIELDS, OTHERS
 
@@ -129,6 +130,14 @@ def warm_start(cfg: TeacherConfig, split: PairData, cache_root: Path, device: st
     folder = cache_root / "intermediate" / key
     if (folder / RECORD).is_file():
         return str(folder), json.loads((folder / RECORD).read_text())
+    with one_at_a_time(folder, f"intermediate stage {key}", progress):
+        if (folder / RECORD).is_file():  # made by a process this one waited for
+            return str(folder), json.loads((folder / RECORD).read_text())
+        return _train_stage(cfg, split, folder, key, device, progress)
+
+
+def _train_stage(cfg: TeacherConfig, split: PairData, folder: Path, key: str, device: str,
+                 progress: Callable[[str], None]) -> tuple[str, dict[str, Any]]:
     splits = _splits(cfg, split)
     pairs, y = _sample(splits, cfg.intermediate_pairs, cfg.seed)
     t0 = time.perf_counter()

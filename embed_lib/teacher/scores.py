@@ -35,7 +35,7 @@ import torch
 
 from embed_lib.config import default_cache_dir
 from embed_lib.data.tasks import PairData
-from embed_lib.encoding.cache import atomic_write
+from embed_lib.encoding.cache import atomic_write, one_at_a_time
 from embed_lib.teacher import recipe, workers
 from embed_lib.teacher.config import LATER_FIELDS, TeacherConfig, preset_of
 from embed_lib.teacher.intermediate import stage_key, warm_start
@@ -154,7 +154,8 @@ def teacher_scores(splits: Mapping[str, PairData], cfg: TeacherConfig | None = N
     record)), e.g. a Ray task on a GPU node that returns them through the object store; they are cached here.
     fold_workers: processes training the folds at once (`workers.fold_plan`): None / 0 decides by the machine (on a
     CPU of 2+ cores, all folds at once), 1 one after another in this process. It changes no figure beyond rounding,
-    so it is not part of the cache key."""
+    so it is not part of the cache key. Processes asking at once for the same teacher not yet cached make it once:
+    the others wait for it (`one_at_a_time`), then read the cache."""
     cfg = cfg or TeacherConfig()
     workers.check_workers(fold_workers)
     missing = [s for s in ("train", "validation", "test") if s not in splits]
@@ -162,17 +163,33 @@ def teacher_scores(splits: Mapping[str, PairData], cfg: TeacherConfig | None = N
         raise ValueError(f"teacher_scores needs the splits train, validation and test; missing {missing}.")
     root = (Path(cache_root) if cache_root else default_cache_dir()) / "teacher"
     key = teacher_key(cfg, splits)
-    npz, meta_path = root / f"{key}.npz", root / f"{key}.json"
-    if npz.is_file() and meta_path.is_file():
-        hit = _read_cache(npz, meta_path, key, splits)
-        if hit is not None:  # the preset's name as today's presets give it: a preset may have changed since
-            return hit[0], {**hit[1], "preset": preset_of(cfg)}
-    if compute is not None:
-        scores, record = compute(dict(splits), cfg)
-        _refuse_non_finite(scores, cfg)
-        _write_cache(npz, meta_path, scores, record)
-        return scores, record
+    hit = _cached(root, key, splits, cfg)
+    if hit is not None:
+        return hit
     progress = progress or log.info
+    with one_at_a_time(root / key, f"teacher {key}", progress):
+        # a process that made the same teacher while this one waited for it has cached it
+        hit = _cached(root, key, splits, cfg)
+        if hit is not None:
+            return hit
+        if compute is not None:
+            scores, record = compute(dict(splits), cfg)
+            _refuse_non_finite(scores, cfg)
+            _write_cache(root / f"{key}.npz", root / f"{key}.json", scores, record)
+            return scores, record
+        return _train(splits, cfg, root, key, device, progress, fold_workers)
+
+
+def _cached(root: Path, key: str, splits: Mapping[str, PairData],
+            cfg: TeacherConfig) -> tuple[dict[str, np.ndarray], dict[str, Any]] | None:
+    npz, meta_path = root / f"{key}.npz", root / f"{key}.json"
+    hit = _read_cache(npz, meta_path, key, splits) if npz.is_file() and meta_path.is_file() else None
+    # the preset's name as today's presets give it: a preset may have changed since
+    return None if hit is None else (hit[0], {**hit[1], "preset": preset_of(cfg)})
+
+
+def _train(splits: Mapping[str, PairData], cfg: TeacherConfig, root: Path, key: str, device: str | None,
+           progress: Callable[[str], None], fold_workers: int | None) -> tuple[dict[str, np.ndarray], dict[str, Any]]:
     device = device or ("cuda" if torch.cuda.is_available() else "cpu")
     t0 = time.perf_counter()
     record: dict[str, Any] = {"key": key, "config": dataclasses.asdict(cfg), "preset": preset_of(cfg),
@@ -191,7 +208,7 @@ def teacher_scores(splits: Mapping[str, PairData], cfg: TeacherConfig | None = N
     trained = sum(c["pairs_per_s"] * c["seconds"] for f in record["folds"] for c in f["curve"])
     train_s = sum(c["seconds"] for f in record["folds"] for c in f["curve"])
     record["train_pairs_per_s"] = round(trained / train_s, 1) if train_s else None
-    _write_cache(npz, meta_path, scores, record)
+    _write_cache(root / f"{key}.npz", root / f"{key}.json", scores, record)
     return scores, record
 
 
