@@ -4,7 +4,6 @@ from __future__ import annotations
 
 import argparse
 import dataclasses
-import functools
 import json
 import os
 import sys
@@ -16,8 +15,6 @@ import mlflow
 import ray
 import torch
 from ray import tune
-from ray.tune.schedulers import ASHAScheduler
-from ray.tune.search.optuna import OptunaSearch
 
 from embed_lib.cli.args import (encoder_config, resolve_task, skip_exit_collection, teacher_config, teacher_progress,
                                 teacher_summary)
@@ -27,10 +24,11 @@ from embed_lib.teacher.workers import cpu_cores
 from embed_lib.tracking.registry import model_name
 from embed_lib.tracking.runs import (check_store_for_cluster, checked_tracking_uri, default_tracking_uri, git_info,
                                      local_store_path, log_task_inputs, set_experiment, ui_link)
-from sweeps.flags import add_sweep_args, check_settings, parse_grid, tau_values, transfer_tasks, unplaceable
+from sweeps.flags import add_sweep_args, check_settings, tau_values, transfer_tasks, unplaceable
 from sweeps.mlflow_callback import MLflowTrialCallback, close_orphans
 from sweeps.report import finish_sweep
-from sweeps.trainable import MAX_EPOCHS, METRIC, MODE, make_trainable, precompute
+from sweeps.tuner import make_tuner
+from sweeps.trainable import MAX_EPOCHS, make_trainable, precompute
 
 
 def _tracking_uri(args) -> str:
@@ -141,40 +139,6 @@ def _log_sweep_inputs(args, name: str, fixed: dict[str, Any], studies: dict, rec
                                if v["error_correlation"] == v["error_correlation"]}})
 
 
-def reuse_actors() -> bool:
-    """Tune's actor reuse (~0.1 s instead of ~1.7 s per trial) on one node only. On several, a node lost under a
-    trial leaves its actor "temporarily unavailable" until Ray declares the node dead, and a reused actor took every
-    retry of that trial within the same second (seen: 3 failures of one trial at 07:54:59, the sweep lost it);
-    a fresh actor per trial is placed on a live node."""
-    return len([n for n in ray.nodes() if n.get("Alive")]) <= 1
-
-
-def _make_tuner(args, trainable, run_config, fixed: dict[str, Any], space_fn, space_keys: list[str], first,
-                taus: list[float], storage: Path, name: str, start_points=None):
-    """(Tuner, the keys the search varies): Optuna (TPE, seeded) or an explicit grid; ASHA on the mean val delta."""
-    if args.resume:
-        return tune.Tuner.restore(str(storage / name), trainable=trainable, resume_unfinished=True,
-                                  resume_errored=True), space_keys
-    max_t = int(fixed.get("epochs", MAX_EPOCHS)) + 1  # epochs + the final (selected-epoch) report
-    scheduler = ASHAScheduler(metric=METRIC, mode=MODE, max_t=max_t, grace_period=min(3, max_t))
-    if args.search == "grid":
-        grid = parse_grid(args.grid, args.grid_file)
-        tune_config = tune.TuneConfig(num_samples=1, max_concurrent_trials=args.max_concurrent, reuse_actors=reuse_actors())
-        param_space = {k: tune.grid_search(v) for k, v in grid.items()}
-        space_keys = sorted(grid)
-    else:
-        # a partial of a module-level function: the searcher state is pickled for --resume
-        targets = [t for t in ("ce_margin", "lexical", "surface") if t in first.targets]
-        points = start_points(targets, sorted(fixed)) if start_points and not args.no_start_points else None
-        searcher = OptunaSearch(space=functools.partial(space_fn, tau_attn_values=taus, targets=targets,
-                                                        fixed=sorted(fixed)), metric=METRIC, mode=MODE, seed=args.seed,
-                                points_to_evaluate=points or None)
-        tune_config = tune.TuneConfig(search_alg=searcher, scheduler=scheduler, num_samples=args.num_samples,
-                                      max_concurrent_trials=args.max_concurrent, reuse_actors=reuse_actors())
-        param_space = {}
-    return tune.Tuner(trainable, param_space=param_space, tune_config=tune_config, run_config=run_config), space_keys
-
-
 def storage_dir(args) -> Path:
     """Where Tune keeps the sweep's state: --storage-path, else $EMBED_STORAGE_DIR, else ./.cache/ray_results."""
     where = args.storage_path or os.environ.get("EMBED_STORAGE_DIR") or Path.cwd() / ".cache" / "ray_results"
@@ -232,7 +196,7 @@ def run_sweep(args, script: str, space_fn, space_keys: list[str], fixed: dict[st
     callback = MLflowTrialCallback(tracking_uri, experiment.experiment_id, parent.info.run_id, fixed)
     run_config = tune.RunConfig(name=name, storage_path=str(storage), callbacks=[callback],
                                 failure_config=tune.FailureConfig(max_failures=2), verbose=1)
-    tuner, space_keys = _make_tuner(args, trainable, run_config, fixed, space_fn, space_keys, first, taus, storage, name,
+    tuner, space_keys = make_tuner(args, trainable, run_config, fixed, space_fn, space_keys, first, taus, storage, name,
                                     start_points)
     # 5. run (every trial trains its whole seed group)
     results = tuner.fit()
