@@ -5,7 +5,10 @@ after its polling rounds, seconds after the job's last line.
 
     python3 cluster/dashboard.py follow-job <dashboard address> <submission id>
         prints the job's log as it grows (the remainder once the job has ended), then `Job '<id>' SUCCEEDED` /
-        FAILED / STOPPED as the last line; exit 0 only for SUCCEEDED. Ctrl-C stops following, not the job.
+        FAILED / STOPPED as the last line; exit 0 only for SUCCEEDED. Ctrl-C stops the job and follows it to its
+        end (a sweep closes its MLflow runs, registers nothing); a second Ctrl-C stops following, not the job.
+    python3 cluster/dashboard.py stop-job <dashboard address> <submission id>
+        stops the job and waits for its end; prints `Job '<id>' STOPPED` (or the status it ended with).
     python3 cluster/dashboard.py wait-serve <dashboard address> <Serve config>
         waits until every application of the config is RUNNING with healthy deployments (exit 0, prints the
         docs URL) or one of them has failed (exit 1, with its message); 600 s at the most.
@@ -52,28 +55,53 @@ def _get(url: str, token: str | None) -> dict:
         return json.loads(resp.read())
 
 
-def follow(address: str, job_id: str, token: str | None, out=sys.stdout, give_up_s: float = 60.0) -> str:
+def _post(url: str, token: str | None) -> dict:
+    req = urllib.request.Request(url, data=b"", method="POST",
+                                 headers={"Authorization": f"Bearer {token}"} if token else {})
+    with urllib.request.urlopen(req, timeout=30) as resp:
+        return json.loads(resp.read() or b"{}")
+
+
+def follow(address: str, job_id: str, token: str | None, out=sys.stdout, give_up_s: float = 60.0,
+           interrupt_stops: bool = False) -> str:
     """Print the job's log as it grows until the job ends; returns its final status. Transient errors of the
-    API (the job not yet listed, a refused connection) are retried for `give_up_s` seconds in a row."""
+    API (the job not yet listed, a refused connection) are retried for `give_up_s` seconds in a row.
+    interrupt_stops: a first Ctrl-C stops the job (the API's POST .../stop: SIGTERM to its driver) and goes on
+    following it to its end, its last lines included (a sweep closes its runs); a second one raises, leaving it."""
     base = f"{address.rstrip('/')}/api/jobs/{job_id}"
-    printed, last_log, failing_since = 0, 0.0, None
+    printed, last_log, failing_since, stopping = 0, 0.0, None, False
     while True:
         try:
-            status = _get(base, token)["status"]
-            if status in TERMINAL or time.monotonic() - last_log >= LOG_EVERY:
-                logs = _get(f"{base}/logs", token).get("logs") or ""
-                out.write(logs[printed:])
-                out.flush()
-                printed, last_log = len(logs), time.monotonic()
-            failing_since = None
-        except (urllib.error.URLError, OSError, ValueError, KeyError) as exc:
-            failing_since = failing_since or time.monotonic()
-            if time.monotonic() - failing_since > give_up_s:
-                raise RuntimeError(f"the job API at {address} did not answer for {give_up_s:.0f} s: {exc}") from exc
-            status = None
-        if status in TERMINAL:
-            return status
-        time.sleep(STATUS_EVERY)
+            try:
+                status = _get(base, token)["status"]
+                if status in TERMINAL or time.monotonic() - last_log >= LOG_EVERY:
+                    logs = _get(f"{base}/logs", token).get("logs") or ""
+                    out.write(logs[printed:])
+                    out.flush()
+                    printed, last_log = len(logs), time.monotonic()
+                failing_since = None
+            except (urllib.error.URLError, OSError, ValueError, KeyError) as exc:
+                failing_since = failing_since or time.monotonic()
+                if time.monotonic() - failing_since > give_up_s:
+                    raise RuntimeError(f"the job API at {address} did not answer for {give_up_s:.0f} s: {exc}") from exc
+                status = None
+            if status in TERMINAL:
+                return status
+            time.sleep(STATUS_EVERY)
+        except KeyboardInterrupt:
+            if not interrupt_stops or stopping:
+                raise
+            stopping = True
+            print(f"\nCtrl-C: stopping job '{job_id}' (Ctrl-C again: stop following it, and it goes on)",
+                  file=sys.stderr, flush=True)
+            _post(f"{base}/stop", token)
+
+
+def stop_job(address: str, job_id: str, token: str | None) -> str:
+    """Stop the job (SIGTERM to its driver) and wait for its end: its final status."""
+    _post(f"{address.rstrip('/')}/api/jobs/{job_id}/stop", token)
+    with open(os.devnull, "w", encoding="utf-8") as quiet:
+        return follow(address, job_id, token, out=quiet)
 
 
 def verdict(config: dict, answer: dict | None) -> str:
@@ -203,6 +231,15 @@ def main(argv: list[str]) -> int:
         if problem:
             print(problem, file=sys.stderr)
         return 1 if problem else 0
+    if argv[:1] == ["stop-job"] and len(argv) == 3:
+        try:
+            status = stop_job(argv[1], argv[2], _token())
+        except (urllib.error.URLError, OSError, RuntimeError) as exc:
+            why = "no such job on this cluster" if getattr(exc, "code", None) == 404 else exc
+            print(f"stop-job: could not stop job '{argv[2]}' at {argv[1]}: {why}", file=sys.stderr)
+            return 1
+        print(f"Job '{argv[2]}' {status}")
+        return 0
     if len(argv) != 3 or argv[0] not in ("follow-job", "wait-serve"):
         print(__doc__.split("\n\n", 1)[1].rstrip(), file=sys.stderr)
         return 2
@@ -217,10 +254,10 @@ def main(argv: list[str]) -> int:
               f"Serve application not RUNNING after 600 s: {line}", file=sys.stderr)
         return 1
     try:
-        status = follow(address, target, _token())
+        status = follow(address, target, _token(), interrupt_stops=True)
     except KeyboardInterrupt:
-        print(f"\nStopped following job '{target}'; it keeps running (`ray job stop --address {address} {target}` "
-              "ends it).", file=sys.stderr)
+        print(f"\nStopped following job '{target}'; it goes on running (`cluster/local.sh stop-job {target}` ends it, "
+              "`make cluster-stop` ends it and the cluster).", file=sys.stderr)
         return 130
     except RuntimeError as exc:
         print(f"Job '{target}' UNKNOWN: {exc}")

@@ -8,6 +8,8 @@
 #   cluster/local.sh start --autoscale                       # head only (= --nodes 1 --autoscale); Ray's autoscaler adds worker nodes on demand
 #   cluster/local.sh serve [serving/config.yaml] [KEY=VALUE ...]   # serve deploy on this cluster, wait until RUNNING;
 #                                                  # KEY=VALUE sets an argument of its applications (cluster/serve_config.py)
+#   cluster/local.sh stop-job <submission id>      # stop a job (SIGTERM to its driver) and wait for its end;
+#                                                  # Ctrl-C under `submit` does the same to the job it follows
 #   cluster/local.sh release [--if-left]           # stop, unless another job or a Serve application is on it
 #                                                  # (the end of `make run`: it never ends another's work)
 #   eval "$(cluster/local.sh env)"                 # this shell's Ray clients (a driver run by hand) reach it
@@ -146,6 +148,9 @@ case "${1:-}" in
     else
       echo "proxy" >"$STATE/ingress"
     fi
+    # a stopped job's driver (Ctrl-C under `submit`, `stop-job`) gets SIGTERM, then SIGKILL after this many seconds
+    # (Ray's default: 3): a sweep stops its trials through Tune, saving its state, and closes its MLflow runs
+    export RAY_JOB_STOP_WAIT_TIME_S="${RAY_JOB_STOP_WAIT_TIME_S:-30}"
     # every port can be set, so that two clusters (a developer's and the tests') never collide
     setsid ray start --head --block --node-ip-address=127.0.0.1 --port="$PORT" \
       --dashboard-host=127.0.0.1 --dashboard-port="$DASH" --temp-dir="$STATE/tmp" \
@@ -215,6 +220,10 @@ case "${1:-}" in
     if running; then echo "running (pgid $(cat "$PIDFILE")), dashboard http://127.0.0.1:$DASH"; else echo "stopped"; exit 1; fi ;;
   job-env)
     job_env ;;
+  stop-job)
+    [[ -n "${2:-}" ]] || { echo "stop-job: give the job's submission id (embed-...; the dashboard's job list)" >&2; exit 2; }
+    running || multi || { echo "stop-job: local Ray is not running ($STATE)" >&2; exit 1; }
+    exec python3 "$ROOT/cluster/dashboard.py" stop-job "$DASH_URL" "$2" ;;
   submit)
     shift; [[ "${1:-}" == "--" ]] && shift
     (( $# )) || { echo "submit: no command; e.g. cluster/local.sh submit -- python sweeps/pair_residual.py --task stsb" >&2
@@ -267,6 +276,6 @@ case "${1:-}" in
       *) echo "ingress: Ray Serve's Python proxy" ;;
     esac ;;
   *)
-    echo "usage: $0 start | stop | release | status | env | job-env | submit -- COMMAND... | serve [CONFIG] [KEY=VALUE...]" >&2
+    echo "usage: $0 start | stop | release | status | env | job-env | submit -- COMMAND... | stop-job ID | serve [CONFIG] [KEY=VALUE...]" >&2
     exit 2 ;;
 esac

@@ -61,7 +61,9 @@ def node_env(home: Path, temp: Path, token_path: Path) -> dict[str, str]:
     env = {"PATH": f"{VENV / 'bin'}:/usr/local/bin:/usr/bin:/bin", "HOME": str(home), "TMPDIR": str(temp),
            "LANG": "C.UTF-8", "RAY_AUTH_MODE": "token", "RAY_AUTH_TOKEN_PATH": str(token_path),
            "RAY_ENABLE_WINDOWS_OR_OSX_CLUSTER": "1", "RAY_USAGE_STATS_ENABLED": "0",
-           "RAY_enable_metrics_collection": "1" if os.environ.get("EMBED_RAY_METRICS") == "1" else "0"}
+           "RAY_enable_metrics_collection": "1" if os.environ.get("EMBED_RAY_METRICS") == "1" else "0",
+           # a stopped job's driver: SIGKILL 30 s after its SIGTERM, not 3 (a sweep closes its runs; cluster/local.sh)
+           "RAY_JOB_STOP_WAIT_TIME_S": os.environ.get("RAY_JOB_STOP_WAIT_TIME_S", "30")}
     env.update(serve_env())
     env.update({k: os.environ[k] for k in PASS_ENV if os.environ.get(k)})
     return env

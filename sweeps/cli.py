@@ -24,6 +24,7 @@ from embed_lib.teacher.workers import cpu_cores
 from embed_lib.tracking.registry import model_name
 from embed_lib.tracking.runs import (check_store_for_cluster, checked_tracking_uri, default_tracking_uri, git_info,
                                      local_store_path, log_task_inputs, set_experiment, ui_link)
+from sweeps import interrupt
 from sweeps.flags import add_sweep_args, check_settings, tau_values, transfer_tasks, unplaceable
 from sweeps.mlflow_callback import MLflowTrialCallback, close_orphans
 from sweeps.report import finish_sweep
@@ -53,6 +54,8 @@ def _open_parent_run(args, name: str, storage: Path):
     marker = parent_marker(args, name, storage)
     parent_id = json.loads(marker.read_text())["run_id"] if args.resume else None
     parent = mlflow.start_run(run_id=parent_id, run_name=None if parent_id else name)
+    if parent_id:
+        interrupt.resumed(mlflow.get_run(parent_id))
     marker.parent.mkdir(parents=True, exist_ok=True)
     marker.write_text(json.dumps({"run_id": parent.info.run_id, "tracking_uri": tracking_uri}))
     return tracking_uri, experiment, parent
@@ -181,30 +184,34 @@ def run_sweep(args, script: str, space_fn, space_keys: list[str], fixed: dict[st
     limit, fixed, transfer, name, storage, cache_dir = _settle(args, script, fixed)
     # 1. Ray: the cluster named by --address / $RAY_ADDRESS, else a local one
     ray.init(address=args.address, ignore_reinit_error=True, log_to_driver=False)
+    # Ctrl-C / `ray job stop` from here on: nothing registered, the runs KILLED, --resume ready (sweeps.interrupt)
+    interrupt.install()  # after ray.init, whose SIGTERM handler it replaces
     # 2. MLflow: the sweep's parent run (reopened on --resume); the driver is the only writer
     tracking_uri, experiment, parent = _open_parent_run(args, name, storage)
-    # 3. embeddings, transfer checks and held-out teacher scores, once
-    studies, record = _precompute_all(args, cache_dir, limit, transfer)
-    taus = list(studies)
-    first = studies[taus[0]]
-    stages = {"precompute_s": round(time.perf_counter() - t0, 1)}
-    if not args.resume:
-        _log_sweep_inputs(args, name, fixed, studies, record, transfer)
-    # 4. the Tuner
-    trainable = make_trainable(studies if len(taus) > 1 else first, fixed, args.cpus_per_trial, args.gpus_per_trial,
-                               tolerance=args.transfer_tolerance)
-    callback = MLflowTrialCallback(tracking_uri, experiment.experiment_id, parent.info.run_id, fixed)
-    run_config = tune.RunConfig(name=name, storage_path=str(storage), callbacks=[callback],
-                                failure_config=tune.FailureConfig(max_failures=2), verbose=1)
-    tuner, space_keys = make_tuner(args, trainable, run_config, fixed, space_fn, space_keys, first, taus, storage, name,
-                                    start_points)
-    # 5. run (every trial trains its whole seed group)
-    results = tuner.fit()
-    stages["trials_s"] = round(time.perf_counter() - t0 - stages["precompute_s"], 1)
-    # 6. leaderboard + plots on the parent; the do-no-harm winner retrained, tested once, registered
-    out = finish_sweep(results, studies if len(taus) > 1 else first, fixed, space_keys, args.task, parent.info.run_id,
-                       tolerance=args.transfer_tolerance, teacher=record,
-                       registered_name=model_name(args.task, smoke=args.smoke_test, limit=limit))
+    with interrupt.ended_as_killed(tracking_uri, experiment.experiment_id, parent.info.run_id, storage / name):
+        # 3. embeddings, transfer checks and held-out teacher scores, once
+        studies, record = _precompute_all(args, cache_dir, limit, transfer)
+        taus = list(studies)
+        first = studies[taus[0]]
+        stages = {"precompute_s": round(time.perf_counter() - t0, 1)}
+        if not args.resume:
+            _log_sweep_inputs(args, name, fixed, studies, record, transfer)
+        # 4. the Tuner
+        trainable = make_trainable(studies if len(taus) > 1 else first, fixed, args.cpus_per_trial, args.gpus_per_trial,
+                                   tolerance=args.transfer_tolerance)
+        callback = MLflowTrialCallback(tracking_uri, experiment.experiment_id, parent.info.run_id, fixed)
+        run_config = tune.RunConfig(name=name, storage_path=str(storage), callbacks=[callback],
+                                    failure_config=tune.FailureConfig(max_failures=2), verbose=1)
+        tuner, space_keys = make_tuner(args, trainable, run_config, fixed, space_fn, space_keys, first, taus, storage,
+                                       name, start_points)
+        # 5. run (every trial trains its whole seed group)
+        with interrupt.tuning():
+            results = tuner.fit()
+        stages["trials_s"] = round(time.perf_counter() - t0 - stages["precompute_s"], 1)
+        # 6. leaderboard + plots on the parent; the do-no-harm winner retrained, tested once, registered
+        out = finish_sweep(results, studies if len(taus) > 1 else first, fixed, space_keys, args.task,
+                           parent.info.run_id, tolerance=args.transfer_tolerance, teacher=record,
+                           registered_name=model_name(args.task, smoke=args.smoke_test, limit=limit))
     # 7. close what a killed driver left open; end the parent
     out["orphans_closed"] = close_orphans(tracking_uri, experiment.experiment_id, parent.info.run_id)
     stages["total_s"] = round(time.perf_counter() - t0, 1)
@@ -255,6 +262,9 @@ def sweep_main(doc: str, script: str, space_fn, space_keys: list[str], fixed: di
     except ValueError as exc:
         parser.exit(2, f"error: {exc}\n")
     sys.stderr.write("".join(f"{w}\n" for w in unplaceable(ray.nodes(), args.cpus_per_trial, args.gpus_per_trial)))
-    out = run_sweep(args, script, space_fn, space_keys, fixed, start_points)
+    try:
+        out = run_sweep(args, script, space_fn, space_keys, fixed, start_points)
+    except interrupt.SweepInterrupted as exc:
+        parser.exit(130, f"{exc}\n")
     print(json.dumps({k: v for k, v in out.items() if k not in ("summary", "config")}, default=str))
 

@@ -369,6 +369,70 @@ def test_the_job_follower_prints_a_growing_log_once_and_the_rest_after_the_end()
     assert state["auth"] == {"Bearer tok"}
 
 
+def test_ctrl_c_under_the_job_follower_stops_the_job_and_follows_it_to_its_end():
+    """`local.sh submit` (what `make run` runs): a first Ctrl-C stops the job through the API (POST .../stop) and
+    goes on printing its log to its end, the driver's last lines included (a stopped sweep says it registered
+    nothing); a second Ctrl-C stops following. `stop-job` stops a job and waits for its end. Before, Ctrl-C left the
+    sweep running and printed a `ray job stop` that fails from a shell (no venv on PATH, no token)."""
+    import io
+    import threading
+    from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
+
+    dashboard = _dashboard()
+    state = {"stopped": False, "posts": [], "auth": set()}
+
+    class Api(BaseHTTPRequestHandler):
+        def _answer(self, body: dict) -> None:
+            state["auth"].add(self.headers.get("Authorization"))
+            self.send_response(200)
+            self.send_header("Content-Type", "application/json")
+            self.end_headers()
+            self.wfile.write(json.dumps(body).encode())
+
+        def do_GET(self):
+            logs = "started\n" + ("sweep interrupted: nothing registered\n" if state["stopped"] else "")
+            self._answer({"status": "STOPPED" if state["stopped"] else "RUNNING"} if self.path.endswith("/j1")
+                         else {"logs": logs})
+
+        def do_POST(self):
+            state["posts"].append(self.path)
+            state["stopped"] = True
+            self._answer({"stopped": True})
+
+        def log_message(self, *args):
+            pass
+
+    class CtrlC(io.StringIO):  # the terminal's Ctrl-C, arriving as the follower prints the first line
+        presses = 1
+
+        def write(self, text):
+            if text and self.presses:
+                self.presses -= 1
+                raise KeyboardInterrupt
+            return super().write(text)
+
+    server = ThreadingHTTPServer(("127.0.0.1", 0), Api)
+    threading.Thread(target=server.serve_forever, daemon=True).start()
+    address = f"http://127.0.0.1:{server.server_address[1]}"
+    try:
+        out = CtrlC()
+        assert dashboard.follow(address, "j1", "tok", out=out, interrupt_stops=True) == "STOPPED"
+        assert state["posts"] == ["/api/jobs/j1/stop"] and state["auth"] == {"Bearer tok"}
+        assert out.getvalue() == "started\nsweep interrupted: nothing registered\n"  # every line once, the last too
+        state.update(stopped=False, posts=[])
+        out = CtrlC()
+        out.presses = 2  # Ctrl-C twice: the second leaves the job and stops following
+        with pytest.raises(KeyboardInterrupt):
+            dashboard.follow(address, "j1", "tok", out=out, interrupt_stops=True)
+        assert state["posts"] == ["/api/jobs/j1/stop"]
+        with pytest.raises(KeyboardInterrupt):  # without interrupt_stops (what other callers get): as before
+            dashboard.follow(address, "j1", "tok", out=CtrlC())
+        state.update(stopped=False, posts=[])
+        assert dashboard.stop_job(address, "j1", "tok") == "STOPPED" and state["posts"] == ["/api/jobs/j1/stop"]
+    finally:
+        server.shutdown()
+
+
 def test_release_sees_the_other_work_a_cluster_holds():
     """`local.sh release` (the end of `make run` on a cluster it started) stops the cluster only when the dashboard
     lists no job that has not ended and no Serve application: another `make run`'s job or `make serve`'s service
@@ -485,8 +549,12 @@ def test_the_local_cluster_listens_on_loopback_only_and_stop_closes_every_port()
         # it; then the end of the other run (`release --if-left`) stops it once the job has ended
         assert subprocess.run([script, "release", "--if-left"], env=env, timeout=60).returncode == 0
         assert subprocess.run([script, "status"], env=env, capture_output=True).returncode == 0
+        import signal
+
+        # in a session of its own with SIGINT as a terminal gives it: Ctrl-C below goes to its process group
         job = subprocess.Popen([script, "submit", "--", "python", "-c", "import time; time.sleep(60)"], env=env,
-                               stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
+                               stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True, start_new_session=True,
+                               preexec_fn=lambda: signal.signal(signal.SIGINT, signal.SIG_DFL))
         busy = [sys.executable, str(REPO / "cluster" / "dashboard.py"), "busy",
                 f"http://127.0.0.1:{env['RAY_DASHBOARD_PORT']}"]
         busy_env = dict(env, RAY_AUTH_TOKEN_PATH=env.get("RAY_AUTH_TOKEN_PATH") or str(state / "auth_token"))
@@ -500,9 +568,10 @@ def test_the_local_cluster_listens_on_loopback_only_and_stop_closes_every_port()
             release.stdout + release.stderr
         assert subprocess.run([script, "status"], env=env, capture_output=True).returncode == 0
         job_id = release.stdout.split("other work: job ")[1].split()[0]
-        subprocess.run([str(Path(env["VENV"]) / "bin" / "ray"), "job", "stop", "--address",
-                        busy[-1], job_id], env=busy_env, capture_output=True, timeout=120, check=True)
-        job.wait(timeout=120)
+        os.killpg(job.pid, signal.SIGINT)  # Ctrl-C where `make run` follows its job: the job is stopped
+        followed = job.communicate(timeout=120)[0]
+        assert f"Ctrl-C: stopping job '{job_id}'" in followed, followed[-2000:]
+        assert followed.rstrip().endswith(f"Job '{job_id}' STOPPED"), followed[-2000:]
         last = subprocess.run([script, "release", "--if-left"], env=env, capture_output=True, text=True, timeout=120)
         assert last.returncode == 0 and "local Ray stopped" in last.stdout, last.stdout + last.stderr
         assert subprocess.run([script, "status"], env=env, capture_output=True).returncode == 1

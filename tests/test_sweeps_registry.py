@@ -96,3 +96,46 @@ def test_resume_after_the_driver_is_killed(sweep_env):
     trial_ids = [r.data.tags["trial_id"] for r in runs]
     assert len(trial_ids) == len(set(trial_ids)) == 4, "one MLflow run per trial, none duplicated"
     assert all(r.info.status in ("FINISHED",) for r in runs), [r.info.status for r in runs]
+
+
+@pytest.mark.slow
+def test_ctrl_c_under_make_run_stops_the_sweep_registers_nothing_and_resume_finishes_it(sweep_env):
+    """Ctrl-C where `make run` follows its job (`local.sh submit`): the job is stopped, its driver stops the trials
+    through Tune (state saved), closes its MLflow runs KILLED and registers nothing; `--resume` then finishes the
+    sweep. Before, a Ctrl-C'd sweep went on running, and one stopped (Tune's own Ctrl-C) registered the winner of
+    the trials done so far as champion."""
+    args = ["--task", "stsb", "--no-teacher", "--search", "grid", "--grid", "adapter=pair_gated", "--grid",
+            "target=lexical", "--grid", "gamma=0.02,0.05,0.1,0.2", "--seeds", "2", "--epochs", "3",
+            "--max-concurrent", "1", "--transfer", "mrpc", "--name", "stop-me"]
+    job = subprocess.Popen([str(REPO / "cluster" / "local.sh"), "submit", "--", "python", "sweeps/pair_residual.py",
+                            *args], env=sweep_env, cwd=REPO, stdout=subprocess.PIPE, stderr=subprocess.STDOUT,
+                           text=True, start_new_session=True,
+                           preexec_fn=lambda: signal.signal(signal.SIGINT, signal.SIG_DFL))  # as from a terminal
+    client = mlflow_client(sweep_env)
+    deadline, finished = time.time() + 300, []
+    while time.time() < deadline and not finished:
+        time.sleep(1)
+        exp = client.get_experiment_by_name("sweep-stsb")
+        if exp is not None:
+            finished = client.search_runs([exp.experiment_id], "tags.trial_id != '' and attributes.status = 'FINISHED'")
+        assert job.poll() is None, "the sweep ended before it could be interrupted"
+    assert finished, "no trial finished within 300 s"
+    os.killpg(job.pid, signal.SIGINT)
+    out = job.communicate(timeout=180)[0]
+    assert job.returncode != 0 and "Ctrl-C: stopping job" in out, out[-3000:]
+    assert "sweep interrupted (SIGTERM):" in out or "sweep interrupted (the trials were stopped):" in out, out[-3000:]
+    assert "nothing registered; resume with the same command and --resume (sweep 'stop-me')" in out, out[-3000:]
+    assert out.rstrip().endswith("STOPPED"), out[-3000:]
+    (parent,) = client.search_runs([exp.experiment_id], "tags.sweep = 'stop-me'")
+    assert parent.info.status == "KILLED" and "nothing registered" in parent.data.tags["interrupted"]
+    runs = child_runs(client, exp.experiment_id, parent.info.run_id)
+    assert runs and all(r.info.status in ("FINISHED", "KILLED") for r in runs), [r.info.status for r in runs]
+    assert client.search_registered_models() == []  # no winner of a partial sweep
+    submit_sweep(sweep_env, *args, "--resume")
+    (parent,) = client.search_runs([exp.experiment_id], "tags.sweep = 'stop-me'")
+    assert parent.info.status == "FINISHED" and "interrupted" not in parent.data.tags
+    assert parent.data.tags["resumed_after"].startswith("interrupted")
+    trials = [r for r in child_runs(client, exp.experiment_id, parent.info.run_id) if "trial_id" in r.data.tags]
+    assert sorted(r.data.tags["trial_id"][-1] for r in trials) == ["0", "1", "2", "3"]
+    assert all(r.info.status == "FINISHED" for r in trials), [r.info.status for r in trials]
+    assert str(client.get_model_version_by_alias("pair-residual-stsb", "champion").version) == "1"
