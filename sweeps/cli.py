@@ -45,6 +45,22 @@ def parent_marker(args, name: str, storage: Path) -> Path:
     return marker
 
 
+def hold_name(storage: Path, name: str):
+    """The sweep's name held while it runs (`<storage>/<name>.lock`, released when the process ends): two sweeps of
+    one name at once (`make run` twice, other SWEEP_ARGS) shared Tune's experiment dir and the parent-run marker, so
+    that --resume reopened the other's run. A ValueError naming the lock and the fix when another holds it."""
+    from filelock import FileLock, Timeout
+
+    storage.mkdir(parents=True, exist_ok=True)
+    lock = FileLock(str(storage / f"{name}.lock"))
+    try:
+        lock.acquire(timeout=0)
+    except Timeout:
+        raise ValueError(f"a sweep named {name!r} is running now (lock {lock.lock_file}): give this one another "
+                         "--name, or wait for that one to end.") from None
+    return lock
+
+
 def _open_parent_run(args, name: str, storage: Path):
     """(tracking URI, experiment, parent run): the sweep's parent run, reopened on --resume."""
     tracking_uri = _tracking_uri(args)
@@ -251,6 +267,7 @@ def sweep_main(doc: str, script: str, space_fn, space_keys: list[str], fixed: di
         parent_marker(args, sweep_name(args, script), storage_dir(args))
         cache_root(args)
         writable_dir(storage_dir(args), "--storage-path / $EMBED_STORAGE_DIR")
+        held = hold_name(storage_dir(args), sweep_name(args, script))  # noqa: F841 (held until the process ends)
     except (ValueError, FileNotFoundError, RuntimeError) as exc:
         parser.exit(2, f"error: {exc}\n")
     if args.check_flags:  # `make run SWEEP_ARGS=...`, before it starts a cluster

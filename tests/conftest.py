@@ -82,6 +82,8 @@ if _WORKERS > 1:
 _OWN_TEMP_DIRS.append(Path(tempfile.mkdtemp(prefix="embed-mlflow-")))
 os.environ["MLFLOW_TRACKING_URI"] = f"sqlite:///{_OWN_TEMP_DIRS[-1] / 'mlflow.db'}"
 os.environ.pop("MLFLOW_ARTIFACT_ROOT", None)
+# nor is its Tune state (a sweep holds its name there while it runs: a developer's `make run` beside `make test`)
+os.environ["EMBED_STORAGE_DIR"] = str(_OWN_TEMP_DIRS[-1] / "ray_results")
 # tests share one embedding cache (the encodes are the slow part); Makefile sets the same default
 CACHE_DIR = Path(os.environ.setdefault("EMBED_CACHE_DIR", str(REPO / ".cache" / "embed_lib")))
 

@@ -200,3 +200,25 @@ def test_a_trial_no_node_can_hold_is_warned_of_before_tune_waits_for_one():
         "joins (an autoscaling cluster adds it); on a fixed cluster, lower it."]
     assert unplaceable([], 0.5, 0.0)[0].startswith("warning: --cpus-per-trial 0.5, and no node of this cluster has "
                                                     "more than 0 CPU now")
+
+
+def test_a_sweep_of_a_name_that_is_running_stops_in_one_line(tmp_path):
+    """Two sweeps of one name at once (`make run` twice with other SWEEP_ARGS) shared Tune's experiment dir and the
+    parent-run marker (--resume reopened the other's run): the second stops, naming the lock and the fix."""
+    from sweeps.cli import hold_name
+
+    held = hold_name(tmp_path / "tune", "pair_residual-stsb")
+    with pytest.raises(ValueError, match=r"a sweep named 'pair_residual-stsb' is running now \(lock .*"
+                                         r"pair_residual-stsb.lock\): give this one another --name, or wait"):
+        hold_name(tmp_path / "tune", "pair_residual-stsb")
+    hold_name(tmp_path / "tune", "pair_residual-stsb-2").release()  # another name: free
+    env = {**os.environ, "HF_HUB_OFFLINE": "1", "RAY_TMPDIR": str(tmp_path / "ray"),
+           "EMBED_STORAGE_DIR": str(tmp_path / "tune")}
+    proc = subprocess.run([sys.executable, str(ROOT / "sweeps" / "pair_residual.py"), "--task", "stsb",
+                           "--tracking-uri", f"sqlite:///{tmp_path / 'mlflow.db'}", "--check-flags"],
+                          capture_output=True, text=True, env=env, cwd=tmp_path, timeout=300)
+    assert proc.returncode == 2 and "error: a sweep named 'pair_residual-stsb' is running now" in proc.stderr
+    held.release()  # ended: the name is free again
+    proc = subprocess.run(proc.args, capture_output=True, text=True, env=env, cwd=tmp_path, timeout=300)
+    assert proc.returncode == 0, proc.stderr
+
