@@ -213,6 +213,23 @@ def serve_port_problem(config: dict, serve: dict | None, where: str) -> str | No
             "<config> http_options.port=8001`).")
 
 
+def _wait_serve_command(address: str, config_path: str) -> int:
+    """`wait-serve`: its line, and its exit status."""
+    with open(config_path, encoding="utf-8") as fh:
+        config = yaml.safe_load(fh) or {}
+    try:
+        line = wait_serve(address, config, _token())
+    except KeyboardInterrupt:  # `make serve` stops the cluster it started; a cluster already there keeps the deploy
+        print("\nStopped waiting for the Serve deploy (Ctrl-C).", file=sys.stderr)
+        return 130
+    if line.startswith("running"):
+        print(f"Serve application RUNNING: http://127.0.0.1:{line.split()[1]}/docs")
+        return 0
+    print(f"Serve application failed: {line[len('failed '):]}" if line.startswith("failed") else
+          f"Serve application not RUNNING after 600 s: {line}", file=sys.stderr)
+    return 1
+
+
 def main(argv: list[str]) -> int:
     if argv[:1] == ["busy"] and len(argv) == 2:
         work = busy(argv[1], _token())
@@ -245,14 +262,7 @@ def main(argv: list[str]) -> int:
         return 2
     command, address, target = argv
     if command == "wait-serve":
-        with open(target, encoding="utf-8") as fh:
-            line = wait_serve(address, yaml.safe_load(fh) or {}, _token())
-        if line.startswith("running"):
-            print(f"Serve application RUNNING: http://127.0.0.1:{line.split()[1]}/docs")
-            return 0
-        print(f"Serve application failed: {line[len('failed '):]}" if line.startswith("failed") else
-              f"Serve application not RUNNING after 600 s: {line}", file=sys.stderr)
-        return 1
+        return _wait_serve_command(address, target)
     try:
         status = follow(address, target, _token(), interrupt_stops=True)
     except KeyboardInterrupt:

@@ -17,7 +17,8 @@
 # Environment: VENV (.venv), EMBED_RAY_DIR (.cache/ray_local), RAY_PORT (6390), RAY_DASHBOARD_PORT (8265),
 # RAY_CLIENT_PORT (6391), RAY_AGENT_PORT (52375), RAY_AGENT_GRPC_PORT, RAY_RUNTIME_ENV_AGENT_PORT,
 # RAY_METRICS_PORT, DASHBOARD_METRIC_PORT (44227), AUTOSCALER_METRIC_PORT (44217) (Ray's defaults),
-# RAY_NUM_CPUS (all cores), RAY_AUTH_TOKEN_PATH ($EMBED_RAY_DIR/auth_token, made on first start),
+# RAY_NUM_CPUS (all cores), RAY_AUTH_TOKEN_PATH ($EMBED_RAY_DIR/auth_token, made on first start), EMBED_DATA_DIR
+# (as make: the mirror ../shared/data beside the clone when it is there, with HF_HUB_OFFLINE=1),
 # the Ray Serve settings of cluster/serve.env (each overridable from the environment). `submit` forwards EMBED_DATA_DIR, EMBED_CACHE_DIR, EMBED_STORAGE_DIR,
 # EMBED_TEACHER_FOLD_WORKERS, MLFLOW_TRACKING_URI, MLFLOW_ARTIFACT_ROOT, MLflow's client settings MLFLOW_TRACKING_USERNAME/PASSWORD and
 # MLFLOW_HTTP_REQUEST_* (retries, backoff, timeout) and HF_HUB_OFFLINE to the job; with no MLFLOW_TRACKING_URI it forwards this
@@ -26,6 +27,12 @@
 # (.cache/ray_results). `job-env` prints what `submit` would forward.
 set -euo pipefail
 ROOT="$(cd "$(dirname "$0")/.." && pwd)"
+# data: the Makefile's rule (the mirror ../shared/data beside the clone when it is there, then offline), so that a
+# cluster started by hand, and the jobs submitted to it, read what `make cluster-start`'s do (without it a served
+# champion's warm corpus went to the Hub: every Encoder replica failed offline, and Serve retried each for minutes)
+if [[ -z "${EMBED_DATA_DIR:-}" && -f "$ROOT/../shared/data/stsb/train.parquet" ]]; then
+  EMBED_DATA_DIR="$(cd "$ROOT/../shared/data" && pwd)"; export EMBED_DATA_DIR HF_HUB_OFFLINE="${HF_HUB_OFFLINE:-1}"
+fi
 VENV="${VENV:-$ROOT/.venv}"
 STATE="${EMBED_RAY_DIR:-$ROOT/.cache/ray_local}"
 PORT="${RAY_PORT:-6390}"

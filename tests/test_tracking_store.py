@@ -78,6 +78,33 @@ def test_submit_forwards_the_submitters_absolute_store_when_none_is_set(tmp_path
     assert _job_env(tmp_path, MLFLOW_TRACKING_URI="http://127.0.0.1:5000")["MLFLOW_TRACKING_URI"] == "http://127.0.0.1:5000"
 
 
+def test_a_cluster_started_by_hand_reads_the_mirror_beside_the_clone_as_make_does(tmp_path):
+    """`cluster/local.sh` takes the Makefile's data rule: the mirror `../shared/data` beside the clone, offline, when
+    no EMBED_DATA_DIR is set. By hand it gave neither: the cluster's replicas, and its jobs, went to the Hub (a
+    served champion's warm corpus failed in every Encoder replica offline)."""
+    import shutil
+
+    clone = tmp_path / "clone"
+    (clone / "cluster").mkdir(parents=True)
+    for name in ("local.sh", "runtime_env.json", "serve.env"):
+        shutil.copy2(REPO / "cluster" / name, clone / "cluster" / name)
+    base = {k: v for k, v in os.environ.items() if k not in ("EMBED_DATA_DIR", "HF_HUB_OFFLINE", "EMBED_MULTI_DIR")}
+
+    def forwarded(**env):
+        proc = subprocess.run([str(clone / "cluster" / "local.sh"), "job-env"], capture_output=True, text=True,
+                              timeout=30, env={**base, "EMBED_RAY_DIR": str(tmp_path / "ray"), **env})
+        assert proc.returncode == 0, proc.stderr
+        out = json.loads(proc.stdout)["env_vars"]
+        return out.get("EMBED_DATA_DIR"), out.get("HF_HUB_OFFLINE")
+
+    assert forwarded() == (None, None)  # no mirror beside it: the Hub
+    (tmp_path / "shared" / "data" / "stsb").mkdir(parents=True)
+    (tmp_path / "shared" / "data" / "stsb" / "train.parquet").write_bytes(b"")
+    assert forwarded() == (str(tmp_path / "shared" / "data"), "1")
+    assert forwarded(HF_HUB_OFFLINE="0") == (str(tmp_path / "shared" / "data"), "0")  # a setting given is kept
+    assert forwarded(EMBED_DATA_DIR="/elsewhere") == ("/elsewhere", None)
+
+
 def test_a_job_on_several_nodes_uses_the_clusters_mlflow_server_and_a_local_store_is_refused_at_submit(tmp_path):
     # the state cluster/nodes.py writes for a running cluster of several nodes (no cluster needed to read it)
     (tmp_path / "multi").mkdir()
