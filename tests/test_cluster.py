@@ -433,6 +433,21 @@ def test_ctrl_c_under_the_job_follower_stops_the_job_and_follows_it_to_its_end()
         server.shutdown()
 
 
+def test_ctrl_c_while_make_serve_waits_for_its_deploy_is_one_line(tmp_path, monkeypatch, capsys):
+    """Was a traceback of dashboard.py; now one line and exit 130, so that `make serve` stops the cluster it started
+    (a cluster already there keeps the deploy going)."""
+    dashboard = _dashboard()
+
+    def pressed(*args):
+        raise KeyboardInterrupt
+
+    monkeypatch.setattr(dashboard, "wait_serve", pressed)
+    config = tmp_path / "config.yaml"
+    config.write_text(yaml.safe_dump({"applications": [{"name": "pair-scorer"}]}))
+    assert dashboard.main(["wait-serve", "http://127.0.0.1:1", str(config)]) == 130
+    assert capsys.readouterr().err == "\nStopped waiting for the Serve deploy (Ctrl-C).\n"
+
+
 def test_release_sees_the_other_work_a_cluster_holds():
     """`local.sh release` (the end of `make run` on a cluster it started) stops the cluster only when the dashboard
     lists no job that has not ended and no Serve application: another `make run`'s job or `make serve`'s service
