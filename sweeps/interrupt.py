@@ -15,6 +15,7 @@ import os
 import signal
 import sys
 import threading
+import time
 from pathlib import Path
 from typing import Iterator
 
@@ -72,22 +73,26 @@ def ended_as_killed(tracking_uri: str, experiment_id: str, parent_run_id: str, t
     KILLED, the parent tagged `interrupted`; raised again as SweepInterrupted saying what to run next (`tune_dir`:
     the Tune experiment that --resume restores, once a trial has started)."""
     _tuned.clear()
+    began = time.time() - 1  # a file's time stamp may lag the clock by a tick
     try:
         yield
     except KeyboardInterrupt as exc:
         closed = close_orphans(tracking_uri, experiment_id, parent_run_id)
         resume = f"resume with the same command and --resume (sweep '{tune_dir.name}')"
+        # Tune's state saved by this sweep (an earlier sweep of the name left its own there)
+        tuned = any(f.stat().st_mtime >= began for f in tune_dir.glob("experiment_state-*.json"))
         if _tuned.is_set():  # in finish_sweep: the winner retrained, tested, registered
             note = f"as the winner was registered: a version may be (`python -m embed_lib registry`); {resume}"
-        elif any(tune_dir.glob("experiment_state-*.json")):
+        elif tuned:
             note = f"nothing registered; {resume}"
         else:
             note = "nothing registered, no trial had started: run the same command again"
         note = f"interrupted ({exc or 'Ctrl-C'}): {note}"
         mlflow.set_tag("interrupted", note)
         mlflow.end_run(status="KILLED")
-        raise SweepInterrupted(f"sweep {note}. MLflow: the sweep run {parent_run_id} and {closed} trial run(s) still "
-                               "running ended KILLED; the finished trials' runs are kept.") from None
+        trials = (f", and {closed} trial run(s) still running; the finished trials' runs are kept"
+                  if tuned or _tuned.is_set() else "")
+        raise SweepInterrupted(f"sweep {note}. MLflow: the sweep run {parent_run_id} ended KILLED{trials}.") from None
 
 
 def resumed(run) -> None:

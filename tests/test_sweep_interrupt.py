@@ -29,11 +29,14 @@ def parent(tmp_path):
 def test_an_interrupted_sweep_ends_its_runs_killed_and_says_what_to_run_next(parent, tmp_path, where):
     uri, exp_id, parent_id, child_id, client = parent
     tune_dir = tmp_path / "ray_results" / "sweep-x"
-    if where != "precompute":  # Tune has saved its experiment state: --resume can restore it
-        tune_dir.mkdir(parents=True)
-        (tune_dir / "experiment_state-2026-12-06.json").write_text("{}")
+    tune_dir.mkdir(parents=True)
+    earlier = tune_dir / "experiment_state-2026-12-01.json"  # an earlier sweep of the same name: not this one's
+    earlier.write_text("{}")
+    os.utime(earlier, (1e9, 1e9))
     with pytest.raises(interrupt.SweepInterrupted) as err:
         with interrupt.ended_as_killed(uri, exp_id, parent_id, tune_dir):
+            if where != "precompute":  # this sweep's Tune saved its experiment state: --resume can restore it
+                (tune_dir / "experiment_state-2026-12-06.json").write_text("{}")
             if where == "winner":
                 with interrupt.tuning():
                     pass  # the trials ended; the signal comes as the winner is registered
@@ -43,8 +46,9 @@ def test_an_interrupted_sweep_ends_its_runs_killed_and_says_what_to_run_next(par
                 "trials": "nothing registered; resume with the same command and --resume (sweep 'sweep-x')",
                 "winner": "as the winner was registered: a version may be (`python -m embed_lib registry`); resume "
                           "with the same command and --resume (sweep 'sweep-x')"}[where]
-    assert message.startswith(f"sweep interrupted (SIGTERM): {expected}. MLflow: the sweep run {parent_id} and 1 "
-                              "trial run(s) still running ended KILLED"), message
+    trials = "" if where == "precompute" else \
+        ", and 1 trial run(s) still running; the finished trials' runs are kept"
+    assert message == f"sweep interrupted (SIGTERM): {expected}. MLflow: the sweep run {parent_id} ended KILLED{trials}."
     assert client.get_run(parent_id).info.status == "KILLED" and client.get_run(child_id).info.status == "KILLED"
     assert client.get_run(parent_id).data.tags["interrupted"] == f"interrupted (SIGTERM): {expected}"
     # --resume reopens the run: the note moves to `resumed_after`
