@@ -48,7 +48,8 @@ def test_an_interrupted_sweep_ends_its_runs_killed_and_says_what_to_run_next(par
                           "with the same command and --resume (sweep 'sweep-x')"}[where]
     trials = "" if where == "precompute" else \
         ", and 1 trial run(s) still running; the finished trials' runs are kept"
-    assert message == f"sweep interrupted (SIGTERM): {expected}. MLflow: the sweep run {parent_id} ended KILLED{trials}."
+    assert message == f"sweep interrupted (SIGTERM): {expected}. MLflow: the sweep run {parent_id} ended KILLED" \
+        f"{trials}."
     assert client.get_run(parent_id).info.status == "KILLED" and client.get_run(child_id).info.status == "KILLED"
     assert client.get_run(parent_id).data.tags["interrupted"] == f"interrupted (SIGTERM): {expected}"
     # --resume reopens the run: the note moves to `resumed_after`
