@@ -94,7 +94,11 @@ def follow(address: str, job_id: str, token: str | None, out=sys.stdout, give_up
             stopping = True
             print(f"\nCtrl-C: stopping job '{job_id}' (Ctrl-C again: stop following it, and it goes on)",
                   file=sys.stderr, flush=True)
-            _post(f"{base}/stop", token)
+            try:
+                _post(f"{base}/stop", token)
+            except (urllib.error.URLError, OSError, ValueError) as exc:  # the API down: stop following instead
+                print(f"Could not stop job '{job_id}': {exc}", file=sys.stderr)
+                raise KeyboardInterrupt from exc
 
 
 def stop_job(address: str, job_id: str, token: str | None) -> str:

@@ -369,7 +369,7 @@ def test_the_job_follower_prints_a_growing_log_once_and_the_rest_after_the_end()
     assert state["auth"] == {"Bearer tok"}
 
 
-def test_ctrl_c_under_the_job_follower_stops_the_job_and_follows_it_to_its_end():
+def test_ctrl_c_under_the_job_follower_stops_the_job_and_follows_it_to_its_end(monkeypatch, capsys):
     """`local.sh submit` (what `make run` runs): a first Ctrl-C stops the job through the API (POST .../stop) and
     goes on printing its log to its end, the driver's last lines included (a stopped sweep says it registered
     nothing); a second Ctrl-C stops following. `stop-job` stops a job and waits for its end. Before, Ctrl-C left the
@@ -431,6 +431,12 @@ def test_ctrl_c_under_the_job_follower_stops_the_job_and_follows_it_to_its_end()
         assert dashboard.stop_job(address, "j1", "tok") == "STOPPED" and state["posts"] == ["/api/jobs/j1/stop"]
     finally:
         server.shutdown()
+        server.server_close()
+    # the API gone when Ctrl-C comes: the job could not be stopped; following stops, and says why
+    monkeypatch.setattr(dashboard, "_get", lambda url, token: {"status": "RUNNING", "logs": "x"})
+    with pytest.raises(KeyboardInterrupt):
+        dashboard.follow(address, "j1", "tok", out=CtrlC(), interrupt_stops=True)
+    assert "Could not stop job 'j1': " in capsys.readouterr().err
 
 
 def test_ctrl_c_while_make_serve_waits_for_its_deploy_is_one_line(tmp_path, monkeypatch, capsys):
