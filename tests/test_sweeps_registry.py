@@ -67,6 +67,19 @@ def _wait_for_a_terminated_trial_in_tune_state(experiment_dir: Path, timeout_s: 
     raise AssertionError(f"Tune recorded no finished trial in {experiment_dir} within {timeout_s} s")
 
 
+def _wait_for_a_finished_trial_run(client, sweep: subprocess.Popen, timeout_s: float = 300):
+    """Until the sweep's MLflow store holds a finished trial run (the sweep still running); its experiment."""
+    deadline = time.time() + timeout_s
+    while time.time() < deadline:
+        time.sleep(1)
+        exp = client.get_experiment_by_name("sweep-stsb")
+        if exp is not None and client.search_runs([exp.experiment_id],
+                                                  "tags.trial_id != '' and attributes.status = 'FINISHED'"):
+            return exp
+        assert sweep.poll() is None, "the sweep ended before it could be interrupted"
+    raise AssertionError(f"no trial finished within {timeout_s:.0f} s")
+
+
 @pytest.mark.slow
 def test_resume_after_the_driver_is_killed(sweep_env):
     args = [sys.executable, "sweeps/pair_residual.py", "--task", "stsb", "--no-teacher", "--search", "grid",
@@ -75,15 +88,7 @@ def test_resume_after_the_driver_is_killed(sweep_env):
     driver = subprocess.Popen(args, env=sweep_env, cwd=REPO, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL,
                               start_new_session=True)
     client = mlflow_client(sweep_env)
-    deadline = time.time() + 300
-    finished = []
-    while time.time() < deadline and len(finished) < 1:
-        time.sleep(2)
-        exp = client.get_experiment_by_name("sweep-stsb")
-        if exp is not None:
-            finished = client.search_runs([exp.experiment_id], "tags.trial_id != '' and attributes.status = 'FINISHED'")
-        assert driver.poll() is None, "the sweep ended before it could be interrupted"
-    assert finished, "no trial finished within 300 s"
+    _wait_for_a_finished_trial_run(client, driver)
     _wait_for_a_terminated_trial_in_tune_state(Path(sweep_env["EMBED_STORAGE_DIR"]) / "resume-me")
     os.killpg(driver.pid, signal.SIGKILL)
     driver.wait()
@@ -112,14 +117,7 @@ def test_ctrl_c_under_make_run_stops_the_sweep_registers_nothing_and_resume_fini
                            text=True, start_new_session=True,
                            preexec_fn=lambda: signal.signal(signal.SIGINT, signal.SIG_DFL))  # as from a terminal
     client = mlflow_client(sweep_env)
-    deadline, finished = time.time() + 300, []
-    while time.time() < deadline and not finished:
-        time.sleep(1)
-        exp = client.get_experiment_by_name("sweep-stsb")
-        if exp is not None:
-            finished = client.search_runs([exp.experiment_id], "tags.trial_id != '' and attributes.status = 'FINISHED'")
-        assert job.poll() is None, "the sweep ended before it could be interrupted"
-    assert finished, "no trial finished within 300 s"
+    exp = _wait_for_a_finished_trial_run(client, job)
     os.killpg(job.pid, signal.SIGINT)
     out = job.communicate(timeout=180)[0]
     assert job.returncode != 0 and "Ctrl-C: stopping job" in out, out[-3000:]
