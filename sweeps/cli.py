@@ -28,8 +28,8 @@ from sweeps import interrupt
 from sweeps.flags import add_sweep_args, check_settings, tau_values, transfer_tasks, unplaceable
 from sweeps.mlflow_callback import MLflowTrialCallback, close_orphans
 from sweeps.report import finish_sweep
-from sweeps.tuner import make_tuner
 from sweeps.trainable import MAX_EPOCHS, make_trainable, precompute
+from sweeps.tuner import make_tuner
 
 
 def _tracking_uri(args) -> str:
