@@ -41,6 +41,8 @@ def test_ray_up_configs(name):
     starts = [c for c in cfg["head_start_ray_commands"] + cfg["worker_start_ray_commands"] if "ray start" in c]
     assert len(starts) == 2 and all("RAY_AUTH_MODE=token" in c for c in starts)
     assert "--dashboard-host=127.0.0.1" in " ".join(cfg["head_start_ray_commands"])
+    # a stopped job's driver has the time to stop its trials and close its MLflow runs (sweeps/interrupt.py)
+    assert "RAY_JOB_STOP_WAIT_TIME_S=30 ray start --head" in " ".join(cfg["head_start_ray_commands"])
     # no shared disk: the head runs the cluster's MLflow server (token, proxied artifacts) and every node names it
     (server,) = [c for c in cfg["head_start_ray_commands"] if "mlflow-server" in c]
     assert "cluster/nodes.py mlflow-server --host $(hostname -I" in server
@@ -57,6 +59,9 @@ def test_kuberay_manifests_have_required_fields():
     assert cluster["spec"]["headGroupSpec"]["template"]["spec"]["containers"]
     gpu = cluster["spec"]["workerGroupSpecs"][0]["template"]["spec"]["containers"][0]["resources"]["limits"]
     assert gpu["nvidia.com/gpu"] == "1"
+    for head in (cluster["spec"]["headGroupSpec"], job["spec"]["rayClusterSpec"]["headGroupSpec"]):
+        env = {e["name"]: e.get("value") for e in head["template"]["spec"]["containers"][0]["env"]}
+        assert env["RAY_JOB_STOP_WAIT_TIME_S"] == "30"  # a stopped sweep closes its runs (sweeps/interrupt.py)
 
 
 def test_one_source_of_versions():
