@@ -116,6 +116,20 @@ def test_a_row_of_more_fields_than_the_header_is_named_never_shifted(tmp_path, n
     assert message in str(e.value) and "cannot be read" not in str(e.value)
 
 
+@pytest.mark.parametrize("name,text,message", [
+    ("semi.csv", "a;b;score\nx;y;4\n", "semi.csv, column 'a': column not found; the columns are ['a;b;score'] (name "
+                                      "them with --text-columns A,B and --label-column C); its header holds ';': a "
+                                      ".csv must be comma-separated and a .tsv tab-separated"),
+    ("comma.tsv", "a,b,score\nx,y,4\n", "its header holds ','"),
+])
+def test_a_file_of_another_separator_says_which_it_holds(tmp_path, name, text, message):
+    path = tmp_path / name
+    path.write_text(text)
+    with pytest.raises(ValueError) as e:
+        CustomTask.from_args(str(path), ("a", "b"), "score", (0, 5), eval_split="test").load()
+    assert message in str(e.value)
+
+
 def test_json_lines_name_the_bad_line_and_booleans_are_binary_labels_only(tmp_path):
     """A .jsonl line that is not a JSON object is named by its row (pandas named a byte position); true / false
     labels read as 1 / 0 in a binary file, and are refused on a graded scale (they read as 1 there, silently)."""

@@ -181,7 +181,7 @@ class CustomTask:
         missing = [c for c in (*self.text_columns, self.label_column) if c not in frame.columns]
         if missing:
             raise self._fail(None, missing[0], f"column not found; the columns are {list(frame.columns)} (name "
-                                               "them with --text-columns A,B and --label-column C).")
+                                               f"them with --text-columns A,B and --label-column C){_sep_hint(frame)}.")
         if frame.empty:
             raise self._fail(None, None, "no pairs: the file names its columns and has no rows; give one pair per "
                                          "row below them.")
@@ -254,6 +254,15 @@ def _check_json_lines(path: Path) -> None:
             if not ok:
                 raise _RowError(f"{path}, row {i}: a JSON value that is not an object; each "
                                 "line holds one object, e.g. {\"a\": \"...\", \"b\": \"...\", \"score\": 4.2}.")
+
+
+def _sep_hint(frame: pd.DataFrame) -> str:
+    """A file of one column whose name holds another separator was read with the wrong one (a ';'-separated .csv)."""
+    if len(frame.columns) != 1:
+        return ""
+    found = [c for c in (";", "\t", "|", ",") if c in str(frame.columns[0])]
+    return (f"; its header holds {found[0]!r}: a .csv must be comma-separated and a .tsv tab-separated, so save it "
+            "again as one of those") if found else ""
 
 
 def _read_delimited(path: Path, sep: str) -> pd.DataFrame:
