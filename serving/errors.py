@@ -76,7 +76,24 @@ async def _invalid(request: Request, exc: RequestValidationError) -> JSONRespons
         return error_response(400, f"The request body is not valid JSON ({reason}); send a JSON object "
                                    "with Content-Type: application/json.", "body")
     messages = [f"{_location(e['loc'])}: {e['msg']}" for e in errors]
-    return error_response(422, "; ".join(messages), _location(first["loc"]))
+    return error_response(422, "; ".join(messages) + _other_route(request, errors), _location(first["loc"]))
+
+
+def _other_route(request: Request, errors: list[dict[str, Any]]) -> str:
+    """A body meant for another endpoint (a rerank body sent to /v1/score) is named as such: the route whose
+    request schema (the app's OpenAPI spec) has every field this one refused as unknown."""
+    extra = {e["loc"][-1] for e in errors if e.get("type") == "extra_forbidden" and len(e["loc"]) == 2}
+    if not extra or any(e.get("type") not in ("extra_forbidden", "missing") for e in errors):
+        return ""
+    spec = request.app.openapi()
+    schemas = spec.get("components", {}).get("schemas", {})
+    for path, operations in spec.get("paths", {}).items():
+        body = operations.get("post", {}).get("requestBody", {}).get("content", {}).get("application/json", {})
+        name = body.get("schema", {}).get("$ref", "").rsplit("/", 1)[-1]
+        if path != request.url.path and name and extra <= set(schemas.get(name, {}).get("properties", {})):
+            where = request.scope.get("root_path", "") + path
+            return f" ({', '.join(sorted(extra))}: fields of POST {where}; send this body there, see /docs)"
+    return ""
 
 
 async def _http(request: Request, exc: StarletteHTTPException) -> JSONResponse:

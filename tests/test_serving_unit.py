@@ -276,6 +276,39 @@ def test_one_error_shape_for_every_failure():
     assert "secret detail" not in cases[-1][0].text
 
 
+def test_a_body_meant_for_another_endpoint_names_that_endpoint():
+    """A rerank body posted to the score route (and the reverse, and TEI's shape to Cohere's route) is told where
+    it belongs; an unknown field that no route takes gets no such hint."""
+    from fastapi import FastAPI
+    from fastapi.testclient import TestClient
+
+    from serving import errors
+    from serving.schemas import RerankRequest, ScoreRequest, TeiRerankRequest
+
+    app = FastAPI()
+    errors.install(app)
+    for path, model in (("/v1/score", ScoreRequest), ("/v1/rerank", RerankRequest), ("/rerank", TeiRerankRequest)):
+        async def route(body):
+            return {}
+
+        route.__annotations__ = {"body": model}
+        app.post(path)(route)
+    client = TestClient(app, raise_server_exceptions=False)
+
+    def message(path, body):
+        r = client.post(path, json=body)
+        assert r.status_code == 422, r.text
+        return r.json()["error"]["message"]
+
+    assert message("/v1/score", {"query": "q", "documents": ["a"]}).endswith(
+        "(documents, query: fields of POST /v1/rerank; send this body there, see /docs)")
+    assert message("/v1/rerank", {"pairs": [["a", "b"]]}).endswith(
+        "(pairs: fields of POST /v1/score; send this body there, see /docs)")
+    assert "fields of POST /rerank;" in message("/v1/rerank", {"query": "q", "texts": ["a"]})
+    assert "fields of POST" not in message("/v1/score", {"pairs": [["a", "b"]], "colour": "red"})
+    assert "fields of POST" not in message("/v1/rerank", {"query": 3, "documents": ["a"], "pairs": [["a", "b"]]})
+
+
 def test_encode_failures_stay_with_the_text_that_caused_them():
     from serving.deployments import run_isolated
 
