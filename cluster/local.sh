@@ -260,14 +260,13 @@ case "${1:-}" in
     if (( $# )) && [[ "$1" != *=* ]]; then config="$1"; shift; fi
     [[ -f "$config" ]] || { echo "serve: no Serve config at $config (e.g. serving/config.yaml)" >&2; exit 2; }
     config="$(realpath "$config")"
-    # KEY=VALUE go into a copy; so does, on this loopback-only cluster, http_options.host 127.0.0.1 where the config
-    # has none (behind Serve's HAProxy ingress Ray's default host is every interface)
+    # KEY=VALUE go into a copy; so do, on this loopback-only cluster, http_options.host 127.0.0.1 where the config
+    # has none (behind Serve's HAProxy ingress Ray's default host is every interface), and the fingerprint of the
+    # code the replicas import, so that a deploy after a code change restarts them with it (cluster/serve_config.py)
     source="$config"
-    if (( $# )) || ! multi; then
-      python3 "$ROOT/cluster/serve_config.py" $(multi || echo --loopback) "$config" "$STATE/serve/$(basename "$config")" \
-        "$@" || exit 2
-      config="$STATE/serve/$(basename "$config")"
-    fi
+    python3 "$ROOT/cluster/serve_config.py" $(multi || echo --loopback) "$config" "$STATE/serve/$(basename "$config")" \
+      "$@" || exit 2
+    config="$STATE/serve/$(basename "$config")"
     running || multi || { echo "local Ray is not running: cluster/local.sh start first" >&2; exit 1; }
     cd "$ROOT"
     # the config's HTTP port taken by another process: said here, not by HAProxy's own line ~15 s into the deploy

@@ -1,12 +1,18 @@
 """A Serve config with some of its applications' arguments set from the command line (`cluster/local.sh serve CONFIG
 KEY=VALUE ...`, `make serve TASK=qqp`), written beside the cluster's state and checked before it is deployed.
 
-    python cluster/serve_config.py [--loopback] CONFIG OUT KEY=VALUE ...    # OUT "-": check only, write nothing
+    python cluster/serve_config.py [--loopback] CONFIG OUT [KEY=VALUE ...]    # OUT "-": check only, write nothing
 
 Each KEY=VALUE sets `args.KEY` of every application of CONFIG (the value read as YAML: 8 is a number, null is
 None, {min: 1, max: 2} a mapping); the result must still validate as `serving.args.AppArgs`, so that a misspelt key
 or a bad value ends here in one line (exit 2) instead of in a failed deployment. http_options.port=N and
 http_options.host=ADDRESS set the config's own HTTP options instead (`make serve SERVE_PORT=8001`).
+
+Every application of the copy carries `runtime_env.env_vars.EMBED_SERVE_CODE`, a fingerprint of the code its replicas
+import (serving/ and embed_lib/): Serve treats a deploy of an unchanged config as nothing to do, and its replicas import
+the clone's code when they start, so after a change of that code (an edit, a `git pull`) the same config would keep
+the replicas, and their old code, running; with the fingerprint a changed code is a changed config, and Serve rolls
+the replicas over to new ones that import it.
 
 --loopback (what `local.sh serve` gives on its loopback-only cluster): a config without `http_options.host` is
 served on 127.0.0.1, said in one line.
@@ -16,6 +22,7 @@ expose the service on the machine's addresses.
 """
 from __future__ import annotations
 
+import hashlib
 import sys
 from pathlib import Path
 
@@ -27,6 +34,26 @@ from serving.args import AppArgs
 
 #: KEY=VALUE pairs that set the config's own HTTP options rather than an application's argument
 HTTP_KEYS = ("http_options.port", "http_options.host")
+ROOT = Path(__file__).resolve().parent.parent
+#: the environment variable of every application's runtime_env that holds `code_fingerprint` (module docstring)
+CODE_VAR = "EMBED_SERVE_CODE"
+
+
+def code_fingerprint(root: Path = ROOT) -> str:
+    """A digest of every .py file under serving/ and embed_lib/ of `root` (path and content): what the replicas run."""
+    digest = hashlib.sha256()
+    for path in sorted(p for d in ("serving", "embed_lib") for p in (root / d).rglob("*.py")):
+        digest.update(f"{path.relative_to(root)}\0".encode() + path.read_bytes() + b"\0")
+    return digest.hexdigest()[:16]
+
+
+def stamped(config: dict, fingerprint: str) -> dict:
+    """`config` with runtime_env.env_vars[CODE_VAR] = fingerprint in every application (its runtime_env kept)."""
+    for app in config.get("applications") or []:
+        env = app.get("runtime_env") or {} if isinstance(app, dict) else None
+        if isinstance(env, dict) and isinstance(env.get("env_vars") or {}, dict):  # else Serve's validation names it
+            app["runtime_env"] = {**env, "env_vars": {**(env.get("env_vars") or {}), CODE_VAR: fingerprint}}
+    return config
 
 
 def _http(config: dict) -> dict | None:
@@ -95,7 +122,7 @@ def loopback_by_default(config: dict, where: str) -> str | None:
 def main(argv: list[str]) -> int:
     loopback = argv[:1] == ["--loopback"]
     argv = argv[1:] if loopback else argv
-    if len(argv) < 3 - loopback:  # --loopback alone may copy a config with no KEY=VALUE
+    if len(argv) < 2:
         print(__doc__.split("\n\n", 1)[1].split("\n\n", 1)[0].strip(), file=sys.stderr)
         return 2
     source, out, pairs = Path(argv[0]), Path(argv[1]), argv[2:]
@@ -110,6 +137,8 @@ def main(argv: list[str]) -> int:
         print(note)
     if str(out) == "-":
         return 0
+    if isinstance(config, dict):
+        stamped(config, code_fingerprint())
     out.parent.mkdir(parents=True, exist_ok=True)
     what = " with ".join([str(source), *([" ".join(pairs)] if pairs else [])]) + (", on 127.0.0.1" if note else "")
     out.write_text(f"# {what} (cluster/serve_config.py)\n" + yaml.safe_dump(config, sort_keys=False))

@@ -262,8 +262,10 @@ class Ingress:
         caches = self.scorer.stats()
         # true while the warm corpus is still on its way from the encoder into this replica (after a cold start)
         caches["near_cache"]["warming"] = bool(self._pending_warm) or bool(self._warm_task and not self._warm_task.done())
-        # hot_routes: requests each scoring / re-ranking path answered past FastAPI's routing (serving/hot.py)
-        return {"data": [{**info, "ingress": ingress(), "hot_routes": self.hot_routes.served,
+        # hot_routes: requests each scoring / re-ranking path answered past FastAPI's routing (serving/hot.py); code:
+        # the fingerprint of serving/ and embed_lib/ a deploy through cluster/local.sh gave (cluster/serve_config.py)
+        return {"data": [{**info, "ingress": ingress(), "code": os.environ.get("EMBED_SERVE_CODE"),
+                          "hot_routes": self.hot_routes.served,
                           "embedding_cache": await self.encoder.stats.remote(), **caches,
                           "cross_encoder": (await self._cross_encoder_info()) if self.ce_score else None,
                           "cascade_budget": a.cascade_budget, "cascade_familiarity_floor": a.cascade_familiarity_floor,

@@ -200,11 +200,41 @@ def test_serve_arguments_from_the_command_line_set_every_application_and_keep_th
     assert serve_config.loopback_by_default(none := {"http_options": None}, "c") and none["http_options"]["host"]
     copy = tmp_path / "copy.yaml"
     assert serve_config.main(["--loopback", str(source), str(copy)]) == 0
-    assert yaml.safe_load(copy.read_text()) == yaml.safe_load(before)  # it gives a host: the same config
+    copied = yaml.safe_load(copy.read_text())  # it gives a host: the same config, with the code's fingerprint
+    assert [a.pop("runtime_env") for a in copied["applications"]] == [
+        {"env_vars": {"EMBED_SERVE_CODE": serve_config.code_fingerprint()}}]
+    assert copied == yaml.safe_load(before)
     # OUT "-": what `make serve SERVE_ARGS=...` runs before it starts a cluster (a check; nothing written)
     assert serve_config.main([str(source), "-", "max_pairs=8"]) == 0
     assert serve_config.main([str(source), "-", "max_pairs=0"]) == 2
     assert not (CLUSTER.parent / "-").exists()
+
+
+def test_a_serve_config_copy_carries_the_fingerprint_of_the_code_so_a_code_change_redeploys(tmp_path):
+    """Serve keeps the replicas of a deploy whose config did not change, and they run the code they imported when
+    they started: the copy `local.sh serve` deploys names the code (serving/ and embed_lib/), so an edit is a new
+    config. The fingerprint moves with any .py file there, not with other files; an application's own runtime_env
+    is kept."""
+    import shutil
+
+    serve_config = _script("serve_config")
+    root = tmp_path / "clone"
+    for d in ("serving", "embed_lib"):
+        shutil.copytree(CLUSTER.parent / d, root / d, ignore=shutil.ignore_patterns("__pycache__"))
+    first = serve_config.code_fingerprint(root)
+    assert first == serve_config.code_fingerprint(CLUSTER.parent) and len(first) == 16
+    (root / "serving" / "notes.txt").write_text("not code")
+    assert serve_config.code_fingerprint(root) == first
+    with open(root / "embed_lib" / "data" / "custom_tasks.py", "a") as fh:
+        fh.write("\n# an edit\n")
+    assert serve_config.code_fingerprint(root) != first
+    config = {"applications": [{"name": "a"}, {"name": "b", "runtime_env": {"env_vars": {"X": "1"}, "pip": ["p"]}},
+                               {"name": "c", "runtime_env": None}, {"name": "d", "runtime_env": "junk"}]}
+    assert serve_config.stamped(config, "f0")["applications"] == [
+        {"name": "a", "runtime_env": {"env_vars": {"EMBED_SERVE_CODE": "f0"}}},
+        {"name": "b", "runtime_env": {"env_vars": {"X": "1", "EMBED_SERVE_CODE": "f0"}, "pip": ["p"]}},
+        {"name": "c", "runtime_env": {"env_vars": {"EMBED_SERVE_CODE": "f0"}}},
+        {"name": "d", "runtime_env": "junk"}]  # not a mapping: left for Serve's own validation to name
 
 
 def _make_serve_args(target: str, task: str) -> str:

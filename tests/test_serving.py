@@ -576,6 +576,11 @@ def test_serve_deploy_of_the_config_through_local_sh(served, ray_cluster, tmp_pa
         assert r.status_code == 200 and len(r.json()["data"]) == len(PAIRS)
         models = requests.get(served["url"] + "/deployed/v1/models", timeout=30).json()["data"][0]
         assert models["limits"]["max_pairs"] == len(PAIRS)  # set on the command line
+        # the fingerprint of the code the replicas import: a deploy after a code change restarts them with it
+        import runpy
+
+        serve_config = runpy.run_path(str(REPO / "cluster" / "serve_config.py"))
+        assert models["code"] == serve_config["code_fingerprint"]() and len(models["code"]) == 16
         r = requests.post(served["url"] + "/deployed/v1/score", json={"pairs": PAIRS + PAIRS[:1]}, timeout=60)
         assert r.status_code == 422 and r.json()["error"]["field"] == "pairs"
     finally:
