@@ -8,11 +8,14 @@ None, {min: 1, max: 2} a mapping); the result must still validate as `serving.ar
 or a bad value ends here in one line (exit 2) instead of in a failed deployment. http_options.port=N and
 http_options.host=ADDRESS set the config's own HTTP options instead (`make serve SERVE_PORT=8001`).
 
-Every application of the copy carries `runtime_env.env_vars.EMBED_SERVE_CODE`, a fingerprint of the code its replicas
-import (serving/ and embed_lib/): Serve treats a deploy of an unchanged config as nothing to do, and its replicas import
-the clone's code when they start, so after a change of that code (an edit, a `git pull`) the same config would keep
-the replicas, and their old code, running; with the fingerprint a changed code is a changed config, and Serve rolls
-the replicas over to new ones that import it.
+Every application of the copy carries in `runtime_env.env_vars` what its replicas run: `EMBED_SERVE_CODE`, a
+fingerprint of the code they import (serving/ and embed_lib/), and `EMBED_SERVE_MODELS`, the versions its
+`models:/NAME@ALIAS` arguments (model_uri, cross_encoder) point at now. Serve treats a deploy of an unchanged config
+as nothing to do (its application builder, which resolves an alias, does not run again), and replicas import the
+clone's code when they start: after an edit or a `git pull`, or once `champion` has moved to another version, the
+same config would keep the replicas, their old code and their old model, running. With both in the config a change
+of either is a changed config, and Serve rolls the replicas over to new ones; a deploy with nothing changed stays
+a no-op. (An alias that cannot be resolved here is left out: the builder names the problem.)
 
 --loopback (what `local.sh serve` gives on its loopback-only cluster): a config without `http_options.host` is
 served on 127.0.0.1, said in one line.
@@ -23,6 +26,7 @@ expose the service on the machine's addresses.
 from __future__ import annotations
 
 import hashlib
+import os
 import sys
 from pathlib import Path
 
@@ -35,8 +39,10 @@ from serving.args import AppArgs
 #: KEY=VALUE pairs that set the config's own HTTP options rather than an application's argument
 HTTP_KEYS = ("http_options.port", "http_options.host")
 ROOT = Path(__file__).resolve().parent.parent
-#: the environment variable of every application's runtime_env that holds `code_fingerprint` (module docstring)
+#: the environment variable of every application's runtime_env that holds `code_fingerprint` (module docstring) ...
 CODE_VAR = "EMBED_SERVE_CODE"
+#: ... and the versions its model aliases point at (`pinned_models`)
+MODELS_VAR = "EMBED_SERVE_MODELS"
 
 
 def code_fingerprint(root: Path = ROOT) -> str:
@@ -47,12 +53,34 @@ def code_fingerprint(root: Path = ROOT) -> str:
     return digest.hexdigest()[:16]
 
 
-def stamped(config: dict, fingerprint: str) -> dict:
-    """`config` with runtime_env.env_vars[CODE_VAR] = fingerprint in every application (its runtime_env kept)."""
+def pinned_models(args: dict, environ=None) -> str:
+    """The versions the `models:/NAME@ALIAS` arguments of an application (model_uri, cross_encoder) point at now,
+    e.g. 'models:/pair-residual-stsb/2'; an argument that is no alias, or cannot be resolved, adds nothing."""
+    environ = os.environ if environ is None else environ
+    uris = [args.get("model_uri", AppArgs.model_fields["model_uri"].default), args.get("cross_encoder")]
+    uris = [u for u in uris if isinstance(u, str) and u.startswith("models:/") and "@" in u]
+    if not uris:
+        return ""
+    from serving.model import pinned_uri  # MLflow: imported only where an alias is to be resolved
+
+    pinned = []
+    for uri in uris:
+        try:
+            pinned.append(pinned_uri(uri, args.get("tracking_uri") or environ.get("MLFLOW_TRACKING_URI")))
+        except Exception:  # the builder resolves it again, and names what is wrong
+            continue
+    return " ".join(pinned)
+
+
+def stamped(config: dict, fingerprint: str, models=None) -> dict:
+    """`config` with runtime_env.env_vars CODE_VAR = fingerprint and MODELS_VAR = models(app's args) (default
+    `pinned_models`) in every application (its runtime_env otherwise kept)."""
+    models = models or pinned_models
     for app in config.get("applications") or []:
         env = app.get("runtime_env") or {} if isinstance(app, dict) else None
         if isinstance(env, dict) and isinstance(env.get("env_vars") or {}, dict):  # else Serve's validation names it
-            app["runtime_env"] = {**env, "env_vars": {**(env.get("env_vars") or {}), CODE_VAR: fingerprint}}
+            stamp = {CODE_VAR: fingerprint, MODELS_VAR: models(app.get("args") or {})}
+            app["runtime_env"] = {**env, "env_vars": {**(env.get("env_vars") or {}), **stamp}}
     return config
 
 

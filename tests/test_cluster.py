@@ -159,10 +159,11 @@ def test_start_names_a_port_another_process_holds_and_starts_nothing(tmp_path):
     assert not (tmp_path / "ray").exists()  # no state dir: nothing was started
 
 
-def test_serve_arguments_from_the_command_line_set_every_application_and_keep_the_rest(tmp_path):
+def test_serve_arguments_from_the_command_line_set_every_application_and_keep_the_rest(tmp_path, monkeypatch):
     """`cluster/local.sh serve CONFIG KEY=VALUE ...` (`make serve TASK=qqp`, SERVE_ARGS): values read as YAML, set in
     every application of a copy of the config, the config itself untouched."""
     serve_config = _script("serve_config")
+    monkeypatch.setattr(serve_config, "pinned_models", lambda args: "versions")  # resolved: test_serving.py
     source = CLUSTER.parent / "serving" / "config_cascade.yaml"
     before = source.read_text()
     config = yaml.safe_load(before)
@@ -200,9 +201,9 @@ def test_serve_arguments_from_the_command_line_set_every_application_and_keep_th
     assert serve_config.loopback_by_default(none := {"http_options": None}, "c") and none["http_options"]["host"]
     copy = tmp_path / "copy.yaml"
     assert serve_config.main(["--loopback", str(source), str(copy)]) == 0
-    copied = yaml.safe_load(copy.read_text())  # it gives a host: the same config, with the code's fingerprint
+    copied = yaml.safe_load(copy.read_text())  # it gives a host: the same config, with what its replicas run
     assert [a.pop("runtime_env") for a in copied["applications"]] == [
-        {"env_vars": {"EMBED_SERVE_CODE": serve_config.code_fingerprint()}}]
+        {"env_vars": {"EMBED_SERVE_CODE": serve_config.code_fingerprint(), "EMBED_SERVE_MODELS": "versions"}}]
     assert copied == yaml.safe_load(before)
     # OUT "-": what `make serve SERVE_ARGS=...` runs before it starts a cluster (a check; nothing written)
     assert serve_config.main([str(source), "-", "max_pairs=8"]) == 0
@@ -230,11 +231,18 @@ def test_a_serve_config_copy_carries_the_fingerprint_of_the_code_so_a_code_chang
     assert serve_config.code_fingerprint(root) != first
     config = {"applications": [{"name": "a"}, {"name": "b", "runtime_env": {"env_vars": {"X": "1"}, "pip": ["p"]}},
                                {"name": "c", "runtime_env": None}, {"name": "d", "runtime_env": "junk"}]}
-    assert serve_config.stamped(config, "f0")["applications"] == [
-        {"name": "a", "runtime_env": {"env_vars": {"EMBED_SERVE_CODE": "f0"}}},
-        {"name": "b", "runtime_env": {"env_vars": {"X": "1", "EMBED_SERVE_CODE": "f0"}, "pip": ["p"]}},
-        {"name": "c", "runtime_env": {"env_vars": {"EMBED_SERVE_CODE": "f0"}}},
+    stamp = {"EMBED_SERVE_CODE": "f0", "EMBED_SERVE_MODELS": "m"}
+    assert serve_config.stamped(config, "f0", lambda args: "m")["applications"] == [
+        {"name": "a", "runtime_env": {"env_vars": stamp}},
+        {"name": "b", "runtime_env": {"env_vars": {"X": "1", **stamp}, "pip": ["p"]}},
+        {"name": "c", "runtime_env": {"env_vars": stamp}},
         {"name": "d", "runtime_env": "junk"}]  # not a mapping: left for Serve's own validation to name
+    # only models:/NAME@ALIAS arguments are resolved (a version or a folder is in the config already); one that
+    # cannot be resolved adds nothing, and the builder names the problem
+    assert serve_config.pinned_models({"model_uri": "models:/m/3", "cross_encoder": "/models/ce"}) == ""
+    assert serve_config.pinned_models({"model_uri": "models:/m@champion",
+                                       "tracking_uri": f"sqlite:///{tmp_path / 'none.db'}"}) == ""
+    assert not (tmp_path / "none.db").exists()
 
 
 def _make_serve_args(target: str, task: str) -> str:
