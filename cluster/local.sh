@@ -261,8 +261,8 @@ case "${1:-}" in
     [[ -f "$config" ]] || { echo "serve: no Serve config at $config (e.g. serving/config.yaml)" >&2; exit 2; }
     config="$(realpath "$config")"
     # KEY=VALUE go into a copy; so do, on this loopback-only cluster, http_options.host 127.0.0.1 where the config
-    # has none (behind Serve's HAProxy ingress Ray's default host is every interface), and the fingerprint of the
-    # code the replicas import, so that a deploy after a code change restarts them with it (cluster/serve_config.py)
+    # has none (behind Serve's HAProxy ingress Ray's default host is every interface), and what the replicas run (a
+    # fingerprint of the code, the versions the model aliases point at): a deploy after either changed rolls them over
     source="$config"
     python3 "$ROOT/cluster/serve_config.py" $(multi || echo --loopback) "$config" "$STATE/serve/$(basename "$config")" \
       "$@" || exit 2

@@ -258,9 +258,7 @@ def _check_json_lines(path: Path) -> None:
 
 def _sep_hint(frame: pd.DataFrame) -> str:
     """A file of one column whose name holds another separator was read with the wrong one (a ';'-separated .csv)."""
-    if len(frame.columns) != 1:
-        return ""
-    found = [c for c in (";", "\t", "|", ",") if c in str(frame.columns[0])]
+    found = [c for c in (";", "\t", "|", ",") if len(frame.columns) == 1 and c in str(frame.columns[0])]
     return (f"; its header holds {found[0]!r}: a .csv must be comma-separated and a .tsv tab-separated, so save it "
             "again as one of those") if found else ""
 
