@@ -264,8 +264,10 @@ case "${1:-}" in
     # has none (behind Serve's HAProxy ingress Ray's default host is every interface), and what the replicas run (a
     # fingerprint of the code, the versions the model aliases point at): a deploy after either changed rolls them over
     source="$config"
-    python3 "$ROOT/cluster/serve_config.py" $(multi || echo --loopback) "$config" "$STATE/serve/$(basename "$config")" \
-      "$@" || exit 2
+    # (the aliases resolved against the store the replicas read: on several nodes, the cluster's MLflow server)
+    ( if multi; then eval "$(python3 "$ROOT/cluster/nodes.py" env 2>/dev/null | grep MLFLOW_)"; fi
+      python3 "$ROOT/cluster/serve_config.py" $(multi || echo --loopback) "$config" "$STATE/serve/$(basename "$config")" \
+        "$@" ) || exit 2
     config="$STATE/serve/$(basename "$config")"
     running || multi || { echo "local Ray is not running: cluster/local.sh start first" >&2; exit 1; }
     cd "$ROOT"

@@ -43,6 +43,8 @@ ROOT = Path(__file__).resolve().parent.parent
 CODE_VAR = "EMBED_SERVE_CODE"
 #: ... and the versions its model aliases point at (`pinned_models`)
 MODELS_VAR = "EMBED_SERVE_MODELS"
+#: MLflow's client settings while `pinned_models` asks the registry
+QUICK = {"MLFLOW_HTTP_REQUEST_MAX_RETRIES": "0", "MLFLOW_HTTP_REQUEST_TIMEOUT": "10"}
 
 
 def code_fingerprint(root: Path = ROOT) -> str:
@@ -63,12 +65,19 @@ def pinned_models(args: dict, environ=None) -> str:
         return ""
     from serving.model import pinned_uri  # MLflow: imported only where an alias is to be resolved
 
+    # one try of 10 s against a server: MLflow's client retries a server that does not answer for minutes
+    saved = {k: os.environ.get(k) for k in QUICK}
+    os.environ.update(QUICK)
     pinned = []
-    for uri in uris:
-        try:
-            pinned.append(pinned_uri(uri, args.get("tracking_uri") or environ.get("MLFLOW_TRACKING_URI")))
-        except Exception:  # the builder resolves it again, and names what is wrong
-            continue
+    try:
+        for uri in uris:
+            try:
+                pinned.append(pinned_uri(uri, args.get("tracking_uri") or environ.get("MLFLOW_TRACKING_URI")))
+            except Exception:  # the builder resolves it again, and names what is wrong
+                continue
+    finally:
+        for k, v in saved.items():
+            os.environ.pop(k) if v is None else os.environ.__setitem__(k, v)
     return " ".join(pinned)
 
 

@@ -211,11 +211,12 @@ def test_serve_arguments_from_the_command_line_set_every_application_and_keep_th
     assert not (CLUSTER.parent / "-").exists()
 
 
-def test_a_serve_config_copy_carries_the_fingerprint_of_the_code_so_a_code_change_redeploys(tmp_path):
-    """Serve keeps the replicas of a deploy whose config did not change, and they run the code they imported when
-    they started: the copy `local.sh serve` deploys names the code (serving/ and embed_lib/), so an edit is a new
+def test_a_serve_config_copy_names_the_code_and_the_model_versions_its_replicas_run(tmp_path, monkeypatch):
+    """Serve keeps the replicas of a deploy whose config did not change (and runs no builder, which resolves an
+    alias), and they run the code they imported when they started: the copy `local.sh serve` deploys names the code
+    (serving/ and embed_lib/) and the versions the model aliases point at, so an edit or a moved alias is a new
     config. The fingerprint moves with any .py file there, not with other files; an application's own runtime_env
-    is kept."""
+    is kept. (A moved alias redeployed through local.sh: tests/test_serving.py.)"""
     import shutil
 
     serve_config = _script("serve_config")
@@ -243,6 +244,20 @@ def test_a_serve_config_copy_carries_the_fingerprint_of_the_code_so_a_code_chang
     assert serve_config.pinned_models({"model_uri": "models:/m@champion",
                                        "tracking_uri": f"sqlite:///{tmp_path / 'none.db'}"}) == ""
     assert not (tmp_path / "none.db").exists()
+    # a server is asked once, for at most 10 s (MLflow's client retried one that does not answer for 4 minutes),
+    # and the process's own MLflow settings are back afterwards
+    import serving.model
+
+    seen = []
+    monkeypatch.setattr(serving.model, "pinned_uri", lambda uri, store: seen.append(
+        (store, os.environ.get("MLFLOW_HTTP_REQUEST_MAX_RETRIES"), os.environ.get("MLFLOW_HTTP_REQUEST_TIMEOUT")))
+        or "models:/m/4")
+    monkeypatch.setenv("MLFLOW_HTTP_REQUEST_TIMEOUT", "120")
+    monkeypatch.delenv("MLFLOW_HTTP_REQUEST_MAX_RETRIES", raising=False)
+    assert serve_config.pinned_models({"model_uri": "models:/m@champion", "tracking_uri": "http://h:5000"}) == \
+        "models:/m/4"
+    assert seen == [("http://h:5000", "0", "10")]
+    assert os.environ["MLFLOW_HTTP_REQUEST_TIMEOUT"] == "120" and "MLFLOW_HTTP_REQUEST_MAX_RETRIES" not in os.environ
 
 
 def _make_serve_args(target: str, task: str) -> str:
