@@ -15,6 +15,7 @@ from pathlib import Path
 import aiohttp
 import mlflow
 import requests
+import yaml
 
 from benchmarks.load import Bodies
 from benchmarks.multinode_cluster import REPO, mlflow_client, net, node_ids, nodes, on_head
@@ -99,6 +100,9 @@ def serve_with_node_loss(state: Path, model: str, load_s: float, kill_at_s: floa
     deploy = subprocess.run([str(REPO / "cluster" / "local.sh"), "serve", str(config)], text=True, capture_output=True)
     if deploy.returncode != 0:
         return {"serving": {"deployed": False, "error": (deploy.stdout + deploy.stderr)[-800:]}}
+    # the versions the deployed copy names (its aliases resolved through the cluster's MLflow server)
+    copy = yaml.safe_load((state / "serve" / config.name).read_text())
+    versions = [a["runtime_env"]["env_vars"]["EMBED_SERVE_MODELS"] for a in copy["applications"]]
     before_kill = replicas_by_node()
     if kill == "any":
         kill = next((n for n in sorted(before_kill) if n != "head"), "w1")
@@ -125,6 +129,7 @@ def serve_with_node_loss(state: Path, model: str, load_s: float, kill_at_s: floa
     recovery = next((s - kill_s for s in range(int(kill_s) + 1, int(load_s) - 4)
                      if sum(per_s.get(s + j, 0) for j in range(5)) / 5 >= 0.9 * before), None)
     return {"serving": {"deployed": True, "config": "serving/config_multinode.yaml", "model": f"{model}@champion",
+                        "deployed_versions": versions,
                         "load": "warm, c=8 x 32 pairs, closed loop from the head", "killed_node": kill,
                         "killed_at_s": round(kill_s, 1), "replacement_node": replaced,
                         "replicas_by_node_before": before_kill, "replicas_by_node_after": replicas_by_node(),

@@ -98,6 +98,8 @@ def test_a_service_on_worker_nodes_loses_one_under_load_and_keeps_answering(clus
     out = multinode.serve_with_node_loss(state, model, load_s=36, kill_at_s=12, kill="any", n_sentences=400,
                                          settle_s=5)
     assert out["serving"]["deployed"], out["serving"]
+    # `local.sh serve` resolved the alias through the cluster's MLflow server, as the replicas read it
+    assert [v.rsplit("/", 1)[0] for v in out["serving"]["deployed_versions"]] == [f"models:/{model}"], out["serving"]
     replicas = out["serving"]["replicas_by_node_before"]
     assert len(replicas) >= 2, replicas  # spread: one ingress and one encoder per worker node
     assert out["requests_in_kill_window"] > 0
