@@ -84,10 +84,10 @@ TASK_NAME = $(if $(filter stsb mrpc qqp paws,$(TASK)),$(TASK),$(shell $(BIN)/pyt
 	embed_lib.data.custom_tasks import slug_of; print(slug_of(sys.argv[1]))' '$(TASK)'))
 TASK_SERVE = $(if $(filter-out stsb,$(TASK)),model_uri=models:/pair-residual-$(TASK_NAME)@champion \
 	warm_corpus=$(if $(filter mrpc qqp paws,$(TASK)),task:$(TASK),$(if $(wildcard $(TASK)),$(abspath $(TASK)),null)))
-# $(1): a Serve config, $(2): KEY=VALUE arguments of its application, checked before a cluster starts; a deploy that
-# fails stops the cluster this started
+# $(1): a Serve config, $(2): KEY=VALUE arguments of its application, checked before a cluster starts (with the
+# MLflow store the model is read from: cluster/serve_config.py); a deploy that fails stops the cluster this started
 define deploy
-	@[[ -z "$(strip $(2))" ]] || $(BIN)/python cluster/serve_config.py $(1) - $(2)
+	@$(BIN)/python cluster/serve_config.py $(1) - $(2)
 	@started=0; cluster/local.sh status >/dev/null 2>&1 || { cluster/local.sh start || exit $$?; started=1; }; \
 	cluster/local.sh serve $(1) $(2) || { rc=$$?; [[ $$started == 0 ]] || cluster/local.sh stop; exit $$rc; }
 endef

@@ -81,6 +81,24 @@ def pinned_models(args: dict, environ=None) -> str:
     return " ".join(pinned)
 
 
+def missing_store(config: dict, environ=None) -> str | None:
+    """Why an application cannot load its model, when the local MLflow store (sqlite:/// or file://) its
+    `models:/` arguments are read from does not exist (a clone before its first `make run`); else None. Said before
+    a cluster starts, in one line, instead of by the application builder's traceback. A server is not asked."""
+    environ = os.environ if environ is None else environ
+    for app in config.get("applications") or []:
+        args = (app.get("args") or {}) if isinstance(app, dict) else {}
+        store = args.get("tracking_uri") or environ.get("MLFLOW_TRACKING_URI") or ""
+        path = store.split(":///" if store.startswith("sqlite") else "://", 1)[-1]
+        uris = [args.get("model_uri", AppArgs.model_fields["model_uri"].default), args.get("cross_encoder")]
+        uri = next((u for u in uris if isinstance(u, str) and u.startswith("models:/")), None)
+        if uri and store.startswith(("sqlite:///", "file://")) and not Path(path).exists():
+            return (f"{uri} (application {app.get('name')!r}) is read from the MLflow store {store}, which does not "
+                    "exist yet: `make run` (with the same TASK) trains and registers a champion there first; or name "
+                    "another store (MLFLOW_TRACKING_URI, or tracking_uri=...).")
+    return None
+
+
 def stamped(config: dict, fingerprint: str, models=None) -> dict:
     """`config` with runtime_env.env_vars CODE_VAR = fingerprint and MODELS_VAR = models(app's args) (default
     `pinned_models`) in every application (its runtime_env otherwise kept)."""
@@ -168,6 +186,9 @@ def main(argv: list[str]) -> int:
         config = overridden(config, pairs) if pairs else config
     except ValueError as exc:
         print(f"serve: {exc}", file=sys.stderr)
+        return 2
+    if isinstance(config, dict) and (why := missing_store(config)):
+        print(f"serve: {why}", file=sys.stderr)
         return 2
     note = loopback_by_default(config, str(source)) if loopback and isinstance(config, dict) else None
     if note:

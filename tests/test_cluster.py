@@ -163,6 +163,7 @@ def test_serve_arguments_from_the_command_line_set_every_application_and_keep_th
     """`cluster/local.sh serve CONFIG KEY=VALUE ...` (`make serve TASK=qqp`, SERVE_ARGS): values read as YAML, set in
     every application of a copy of the config, the config itself untouched."""
     serve_config = _script("serve_config")
+    monkeypatch.delenv("MLFLOW_TRACKING_URI", raising=False)  # the store: below
     monkeypatch.setattr(serve_config, "pinned_models", lambda args: "versions")  # resolved: test_serving.py
     source = CLUSTER.parent / "serving" / "config_cascade.yaml"
     before = source.read_text()
@@ -209,6 +210,21 @@ def test_serve_arguments_from_the_command_line_set_every_application_and_keep_th
     assert serve_config.main([str(source), "-", "max_pairs=8"]) == 0
     assert serve_config.main([str(source), "-", "max_pairs=0"]) == 2
     assert not (CLUSTER.parent / "-").exists()
+    # a model read from a local store that does not exist (a clone before its first `make run`): one line, before a
+    # cluster starts, instead of the application builder's traceback after it
+    none = f"sqlite:///{tmp_path / 'none.db'}"
+    monkeypatch.setenv("MLFLOW_TRACKING_URI", none)
+    assert serve_config.missing_store(yaml.safe_load(before)) == (
+        f"models:/pair-residual-stsb@champion (application 'pair-scorer') is read from the MLflow store {none}, which "
+        "does not exist yet: `make run` (with the same TASK) trains and registers a champion there first; or name "
+        "another store (MLFLOW_TRACKING_URI, or tracking_uri=...).")
+    assert serve_config.main([str(source), "-"]) == 2 and not (tmp_path / "none.db").exists()
+    assert serve_config.missing_store(serve_config.overridden(yaml.safe_load(before), [
+        "model_uri=/models/adapter", "cross_encoder=null"])) is None  # a folder: no store read
+    (tmp_path / "none.db").touch()
+    assert serve_config.missing_store(yaml.safe_load(before)) is None and serve_config.main([str(source), "-"]) == 0
+    monkeypatch.setenv("MLFLOW_TRACKING_URI", "http://mlflow.example:5000")  # a server: not asked here
+    assert serve_config.missing_store(yaml.safe_load(before)) is None
 
 
 def test_a_serve_config_copy_names_the_code_and_the_model_versions_its_replicas_run(tmp_path, monkeypatch):
@@ -611,6 +627,7 @@ def test_the_local_cluster_listens_on_loopback_only_and_stop_closes_every_port()
             port = held.getsockname()[1]
             config = Path(state) / "held.yaml"
             serving = yaml.safe_load((REPO / "serving" / "config.yaml").read_text())
+            serving["applications"][0]["args"]["model_uri"] = str(state / "adapter")  # no store to be read first
             config.write_text(yaml.safe_dump({**serving, "http_options": {"port": port}}))
             t0 = time.time()
             refused = subprocess.run([script, "serve", str(config)], env=env, capture_output=True, text=True,
