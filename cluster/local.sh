@@ -24,7 +24,8 @@
 # MLFLOW_HTTP_REQUEST_* (retries, backoff, timeout) and HF_HUB_OFFLINE to the job; with no MLFLOW_TRACKING_URI it forwards this
 # clone's own store (sqlite:///<repo>/mlflow.db, artifacts in <repo>/mlartifacts, what `make` uses), never leaving the
 # job to put one in its temporary copy of the working dir; likewise the caches (.cache/embed_lib) and Tune's state
-# (.cache/ray_results). `job-env` prints what `submit` would forward.
+# (.cache/ray_results). `job-env` prints what `submit` would forward. A one-node `start` and `serve` take the same
+# defaults, so that the cluster's replicas read them from whatever directory it was started in.
 set -euo pipefail
 ROOT="$(cd "$(dirname "$0")/.." && pwd)"
 # data: the Makefile's rule (the mirror ../shared/data beside the clone when it is there, then offline), so that a
@@ -62,6 +63,16 @@ export RAY_ENABLE_WINDOWS_OR_OSX_CLUSTER="${RAY_ENABLE_WINDOWS_OR_OSX_CLUSTER:-0
 export RAY_enable_metrics_collection="${RAY_enable_metrics_collection:-$([[ "${EMBED_RAY_METRICS:-0}" == 1 ]] && echo 1 || echo 0)}"
 # token authentication on: the cluster and every client of it read this project's own token file
 export RAY_AUTH_MODE=token RAY_AUTH_TOKEN_PATH="${RAY_AUTH_TOKEN_PATH:-$STATE/auth_token}"
+# where nothing else is named, the clone's own store and caches, as the Makefile names them (sqlite:///<repo>/mlflow.db
+# with artifacts in <repo>/mlartifacts, .cache/embed_lib, .cache/ray_results): a one-node cluster started by hand
+# then serves from any working directory (its replicas read MLflow's default, ./mlflow.db of the directory `start`
+# ran in, and found no champion from any other; their embedding cache went to ./.cache there, cold)
+clone_defaults() {
+  if [[ -z "${MLFLOW_TRACKING_URI:-}" ]]; then
+    export MLFLOW_TRACKING_URI="sqlite:///$ROOT/mlflow.db" MLFLOW_ARTIFACT_ROOT="${MLFLOW_ARTIFACT_ROOT:-$ROOT/mlartifacts}"
+  fi
+  export EMBED_CACHE_DIR="${EMBED_CACHE_DIR:-$ROOT/.cache/embed_lib}" EMBED_STORAGE_DIR="${EMBED_STORAGE_DIR:-$ROOT/.cache/ray_results}"
+}
 # the runtime env of a submitted job: working_dir, its excludes, and the settings the job must see as the submitter
 # does (absolute paths: the job runs in a temporary copy of the tree)
 job_env() {
@@ -77,11 +88,9 @@ job_env() {
       eval "$(grep MLFLOW_ <<<"$server")"
     fi
   fi
-  if [[ -z "${MLFLOW_TRACKING_URI:-}" ]]; then
-    export MLFLOW_TRACKING_URI="sqlite:///$ROOT/mlflow.db" MLFLOW_ARTIFACT_ROOT="${MLFLOW_ARTIFACT_ROOT:-$ROOT/mlartifacts}"
-  fi
-  # the caches and Tune's state (what --resume reads) where `make` keeps them, not in the job's temporary copy
-  export EMBED_CACHE_DIR="${EMBED_CACHE_DIR:-$ROOT/.cache/embed_lib}" EMBED_STORAGE_DIR="${EMBED_STORAGE_DIR:-$ROOT/.cache/ray_results}"
+  # the store, the caches and Tune's state (what --resume reads) where `make` keeps them, not in the job's temporary
+  # copy of the working dir
+  clone_defaults
   python3 -c 'import json, os, sys
 keys = ["EMBED_DATA_DIR", "EMBED_CACHE_DIR", "EMBED_STORAGE_DIR", "EMBED_TEACHER_FOLD_WORKERS", "MLFLOW_TRACKING_URI",
         "MLFLOW_ARTIFACT_ROOT", "MLFLOW_TRACKING_USERNAME", "MLFLOW_TRACKING_PASSWORD", "HF_HUB_OFFLINE"]
@@ -124,6 +133,7 @@ case "${1:-}" in
     [[ -z "${2:-}" ]] || { echo "start: unknown option '$2'; one node is plain 'start', several 'start --nodes N" \
                                 "[--autoscale] [--gpus-per-worker G]' (cluster/nodes.py start --help)" >&2; exit 2; }
     if running; then echo "local Ray already running (pgid $(cat "$PIDFILE")), dashboard http://127.0.0.1:$DASH"; exit 0; fi
+    clone_defaults
     # the fixed ports this cluster binds, each free: another process on one (often another Ray cluster on Ray's
     # default dashboard port) left this one half started, waiting 120 s for a dashboard it could not bind
     taken=""
@@ -264,6 +274,7 @@ case "${1:-}" in
     # has none (behind Serve's HAProxy ingress Ray's default host is every interface), and what the replicas run (a
     # fingerprint of the code, the versions the model aliases point at): a deploy after either changed rolls them over
     source="$config"
+    multi || clone_defaults
     # (the aliases resolved against the store the replicas read: on several nodes, the cluster's MLflow server)
     ( if multi; then eval "$(python3 "$ROOT/cluster/nodes.py" env 2>/dev/null | grep MLFLOW_)"; fi
       python3 "$ROOT/cluster/serve_config.py" $(multi || echo --loopback) "$config" "$STATE/serve/$(basename "$config")" \

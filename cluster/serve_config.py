@@ -61,7 +61,8 @@ def pinned_models(args: dict, environ=None) -> str:
     environ = os.environ if environ is None else environ
     uris = [args.get("model_uri", AppArgs.model_fields["model_uri"].default), args.get("cross_encoder")]
     uris = [u for u in uris if isinstance(u, str) and u.startswith("models:/") and "@" in u]
-    if not uris:
+    store = args.get("tracking_uri") or environ.get("MLFLOW_TRACKING_URI")
+    if not uris or not store:  # no store named: MLflow's default would make an empty ./mlflow.db wherever this runs
         return ""
     from serving.model import pinned_uri  # MLflow: imported only where an alias is to be resolved
 
@@ -72,7 +73,7 @@ def pinned_models(args: dict, environ=None) -> str:
     try:
         for uri in uris:
             try:
-                pinned.append(pinned_uri(uri, args.get("tracking_uri") or environ.get("MLFLOW_TRACKING_URI")))
+                pinned.append(pinned_uri(uri, store))
             except Exception:  # the builder resolves it again, and names what is wrong
                 continue
     finally:

@@ -105,6 +105,30 @@ def test_a_cluster_started_by_hand_reads_the_mirror_beside_the_clone_as_make_doe
     assert forwarded(EMBED_DATA_DIR="/elsewhere") == ("/elsewhere", None)
 
 
+def test_a_cluster_served_by_hand_reads_the_clones_store_from_any_directory(tmp_path):
+    """`cluster/local.sh start` / `serve` by hand with no MLFLOW_TRACKING_URI take the Makefile's store, the clone's
+    sqlite:///<repo>/mlflow.db. They named none: the replicas read MLflow's default, ./mlflow.db of the directory
+    `start` ran in, and from any other found no champion (an empty store made there). Here the clone has no store
+    yet, so `serve` names that file and stops, before it looks for a cluster, and nothing is made in the caller's
+    directory."""
+    import shutil
+
+    clone, elsewhere = tmp_path / "clone", tmp_path / "elsewhere"
+    (clone / "cluster").mkdir(parents=True)
+    (clone / "serving").mkdir()
+    elsewhere.mkdir()
+    for name in ("local.sh", "runtime_env.json", "serve.env", "serve_config.py"):
+        shutil.copy2(REPO / "cluster" / name, clone / "cluster" / name)
+    shutil.copy2(REPO / "serving" / "config.yaml", clone / "serving" / "config.yaml")
+    env = {k: v for k, v in os.environ.items() if not k.startswith(("MLFLOW_", "EMBED_MULTI_DIR"))}
+    env.update(EMBED_RAY_DIR=str(tmp_path / "ray"), VENV=str(Path(sys.executable).parents[1]))
+    proc = subprocess.run([str(clone / "cluster" / "local.sh"), "serve"], cwd=elsewhere, env=env, capture_output=True,
+                          text=True, timeout=60)
+    assert proc.returncode == 2 and (f"is read from the MLflow store sqlite:///{clone}/mlflow.db, which does not exist "
+                                     "yet") in proc.stderr, proc.stdout + proc.stderr
+    assert not list(elsewhere.iterdir()) and not (clone / "mlflow.db").exists()
+
+
 def test_a_job_on_several_nodes_uses_the_clusters_mlflow_server_and_a_local_store_is_refused_at_submit(tmp_path):
     # the state cluster/nodes.py writes for a running cluster of several nodes (no cluster needed to read it)
     (tmp_path / "multi").mkdir()
