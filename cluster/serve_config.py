@@ -55,12 +55,18 @@ def code_fingerprint(root: Path = ROOT) -> str:
     return digest.hexdigest()[:16]
 
 
+def _registry_uris(args) -> list[str]:
+    """The `models:/...` arguments of an application (model_uri, its default where not given, and cross_encoder)."""
+    args = args if isinstance(args, dict) else {}  # something else: Serve's validation names it
+    uris = [args.get("model_uri", AppArgs.model_fields["model_uri"].default), args.get("cross_encoder")]
+    return [u for u in uris if isinstance(u, str) and u.startswith("models:/")]
+
+
 def pinned_models(args: dict, environ=None) -> str:
     """The versions the `models:/NAME@ALIAS` arguments of an application (model_uri, cross_encoder) point at now,
     e.g. 'models:/pair-residual-stsb/2'; an argument that is no alias, or cannot be resolved, adds nothing."""
     environ = os.environ if environ is None else environ
-    uris = [args.get("model_uri", AppArgs.model_fields["model_uri"].default), args.get("cross_encoder")]
-    uris = [u for u in uris if isinstance(u, str) and u.startswith("models:/") and "@" in u]
+    uris = [u for u in _registry_uris(args) if "@" in u]
     store = args.get("tracking_uri") or environ.get("MLFLOW_TRACKING_URI")
     if not uris or not store:  # no store named: MLflow's default would make an empty ./mlflow.db wherever this runs
         return ""
@@ -89,10 +95,10 @@ def missing_store(config: dict, environ=None) -> str | None:
     environ = os.environ if environ is None else environ
     for app in config.get("applications") or []:
         args = (app.get("args") or {}) if isinstance(app, dict) else {}
+        args = args if isinstance(args, dict) else {}
         store = args.get("tracking_uri") or environ.get("MLFLOW_TRACKING_URI") or ""
         path = store.split(":///" if store.startswith("sqlite") else "://", 1)[-1]
-        uris = [args.get("model_uri", AppArgs.model_fields["model_uri"].default), args.get("cross_encoder")]
-        uri = next((u for u in uris if isinstance(u, str) and u.startswith("models:/")), None)
+        uri = next(iter(_registry_uris(args)), None)
         if uri and store.startswith(("sqlite:///", "file://")) and not Path(path).exists():
             return (f"{uri} (application {app.get('name')!r}) is read from the MLflow store {store}, which does not "
                     "exist yet: `make run` (with the same TASK) trains and registers a champion there first; or name "
@@ -107,7 +113,8 @@ def stamped(config: dict, fingerprint: str, models=None) -> dict:
     for app in config.get("applications") or []:
         env = app.get("runtime_env") or {} if isinstance(app, dict) else None
         if isinstance(env, dict) and isinstance(env.get("env_vars") or {}, dict):  # else Serve's validation names it
-            stamp = {CODE_VAR: fingerprint, MODELS_VAR: models(app.get("args") or {})}
+            args = app.get("args") or {}
+            stamp = {CODE_VAR: fingerprint, MODELS_VAR: models(args) if isinstance(args, dict) else ""}
             app["runtime_env"] = {**env, "env_vars": {**(env.get("env_vars") or {}), **stamp}}
     return config
 
