@@ -73,6 +73,12 @@ clone_defaults() {
   fi
   export EMBED_CACHE_DIR="${EMBED_CACHE_DIR:-$ROOT/.cache/embed_lib}" EMBED_STORAGE_DIR="${EMBED_STORAGE_DIR:-$ROOT/.cache/ray_results}"
 }
+# the cluster of several nodes' MLflow server (its URL, user and the cluster token) as this shell's MLflow settings
+use_cluster_mlflow() {
+  local server
+  server="$(python3 "$ROOT/cluster/nodes.py" env)" || return 2
+  eval "$(grep MLFLOW_ <<<"$server")"
+}
 # the runtime env of a submitted job: working_dir, its excludes, and the settings the job must see as the submitter
 # does (absolute paths: the job runs in a temporary copy of the tree)
 job_env() {
@@ -83,10 +89,7 @@ job_env() {
            "disk: unset it to use the cluster's MLflow server, or name another server's http(s):// URL" >&2
       return 2
     fi
-    if [[ -z "${MLFLOW_TRACKING_URI:-}" ]]; then
-      server="$(python3 "$ROOT/cluster/nodes.py" env)" || return 2
-      eval "$(grep MLFLOW_ <<<"$server")"
-    fi
+    if [[ -z "${MLFLOW_TRACKING_URI:-}" ]]; then use_cluster_mlflow || return 2; fi
   fi
   # the store, the caches and Tune's state (what --resume reads) where `make` keeps them, not in the job's temporary
   # copy of the working dir
@@ -276,7 +279,7 @@ case "${1:-}" in
     source="$config"
     multi || clone_defaults
     # (the aliases resolved against the store the replicas read: on several nodes, the cluster's MLflow server)
-    ( if multi; then eval "$(python3 "$ROOT/cluster/nodes.py" env 2>/dev/null | grep MLFLOW_)"; fi
+    ( if multi; then use_cluster_mlflow 2>/dev/null || true; fi
       python3 "$ROOT/cluster/serve_config.py" $(multi || echo --loopback) "$config" "$STATE/serve/$(basename "$config")" \
         "$@" ) || exit 2
     config="$STATE/serve/$(basename "$config")"
