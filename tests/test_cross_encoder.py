@@ -87,6 +87,14 @@ def test_registered_as_cross_encoder_of_the_task(served, tmp_path):
     # the input example the UI shows is the registry's, and it is what the model accepts
     example = model.input_example
     assert list(example.columns) == ["sentence1", "sentence2"] and len(model.predict(example)) == len(example)
+    # a dict of lists is a row per pair (it was one pair of the lists' reprs), a missing text is refused (it was
+    # scored as the text "None")
+    by_dict = model.predict({"sentence1": ["A man plays a guitar.", "A cat"], "sentence2": ["A man plays music.", "x"]})
+    assert len(by_dict) == 2 and by_dict["score"].iloc[0] == pytest.approx(out["score"].iloc[0], abs=1e-5)
+    with pytest.raises(ValueError, match=r"sentence2\[1\] is missing \(None or NaN\); give a text in every row"):
+        model.predict(pd.DataFrame({"sentence1": ["a", "b"], "sentence2": ["c", None]}))
+    with pytest.raises(ValueError, match=r"sentence1\[0\] is empty or blank"):
+        model.predict(pd.DataFrame({"sentence1": [" "], "sentence2": ["c"]}))
     # what the service's cross_encoder option does with a models:/ URI: download, then load the folder
     from embed_lib.tracking.cross_encoder_registry import resolve_cross_encoder
 

@@ -206,6 +206,7 @@ def test_the_mlflow_model_scores_vectors_and_sentences_like_the_library(small, e
     np.testing.assert_allclose(by_dict["score"], expected, atol=1e-5)
     with pytest.raises(ValueError, match="sentence1 holds 2 texts and sentence2 1; give one of each per pair"):
         model.predict({"sentence1": ["a", "b"], "sentence2": ["c"]})
+    _through_mlflow_models_serve(model, expected)
 
     # the same model whose manifest names other encoder weights: scoring texts is refused, naming the field
     broken = tmp_path / "broken"
@@ -215,6 +216,25 @@ def test_the_mlflow_model_scores_vectors_and_sentences_like_the_library(small, e
     manifest_file.write_text(json.dumps({**manifest, "weights_fingerprint": "0" * 32}))
     with pytest.raises(ValueError, match="weights_fingerprint"):
         mlflow.pyfunc.load_model(str(broken)).predict(pd.DataFrame({"sentence1": ["a"], "sentence2": ["b"]}))
+
+
+def _through_mlflow_models_serve(model, expected):
+    """MLflow's own scoring server (what `mlflow models serve` runs) scores the texts as the library does, and
+    answers bad input with 400 and the message naming the field (it was a 400 'unexpected error while evaluating
+    the model', the message only in the stack trace)."""
+    from fastapi.testclient import TestClient
+    from mlflow.pyfunc import scoring_server
+
+    client = TestClient(scoring_server.init(model))
+    texts = {"sentence1": ["A man is playing a guitar.", "A cat sleeps."],
+             "sentence2": ["A man plays the guitar.", "Stocks fell sharply."]}
+    for body in ({"inputs": texts}, {"dataframe_split": {"columns": list(texts), "data": list(zip(*texts.values()))}}):
+        answer = client.post("/invocations", json=body)
+        assert answer.status_code == 200, answer.text
+        np.testing.assert_allclose([p["score"] for p in answer.json()["predictions"]], expected, atol=1e-5)
+    answer = client.post("/invocations", json={"dataframe_records": [{"sentence1": "a", "sentence2": " "}]})
+    assert answer.status_code == 400 and answer.json()["error_code"] == "INVALID_PARAMETER_VALUE"
+    assert "sentence2[0] is empty or blank; give a text with a visible character" in answer.json()["message"]
 
 
 def _toy_study(seed: int = 0, m: int = 400, d: int = 16, n: int = 1200):

@@ -3,7 +3,8 @@
 MLflow copies this file into the model; `load_context` loads the saved cross-encoder folder
 (safetensors + JSON, `embed_lib.teacher.cross_encoder.PairCrossEncoder`). `predict` takes a DataFrame with
 `sentence1` / `sentence2` and returns `score` (on the frozen cosine's scale, by the folder's
-calibration) and `logit` per pair.
+calibration) and `logit` per pair. A dict of lists is a row per pair, and bad input a `PairInputError`, as for
+the adapter (`pyfunc_inputs`).
 """
 from __future__ import annotations
 
@@ -12,6 +13,7 @@ import pandas as pd
 from mlflow.pyfunc import PythonModel
 
 from embed_lib.teacher.cross_encoder import PairCrossEncoder
+from embed_lib.tracking.pyfunc_inputs import PairInputError, rows_of_lists, texts
 
 
 class CrossEncoderModel(PythonModel):
@@ -19,9 +21,10 @@ class CrossEncoderModel(PythonModel):
         self.ce = PairCrossEncoder(context.artifacts["cross_encoder"])
 
     def predict(self, context, model_input: pd.DataFrame, params=None) -> pd.DataFrame:
+        model_input = rows_of_lists(model_input)
         if not {"sentence1", "sentence2"} <= set(model_input.columns):
-            raise ValueError(f"Input needs columns sentence1 and sentence2; got {list(model_input.columns)}.")
-        pairs = list(zip(model_input["sentence1"].astype(str), model_input["sentence2"].astype(str)))
+            raise PairInputError(f"Input needs columns sentence1 and sentence2; got {list(model_input.columns)}.")
+        pairs = list(zip(texts(model_input["sentence1"], "sentence1"), texts(model_input["sentence2"], "sentence2")))
         z = self.ce.logits(pairs)
         return pd.DataFrame({"score": self.ce.to_score(z), "logit": z})
 
