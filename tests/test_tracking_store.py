@@ -336,6 +336,10 @@ def test_a_store_mlflow_cannot_use_is_named_with_the_fix(tmp_path, monkeypatch):
         with pytest.raises(ValueError, match=rf"is a file store, which MLflow 3 refuses .*give "
                                              rf"sqlite:///{tmp_path}/mlruns.db instead"):
             checked_tracking_uri(uri)
+    # a database file named without its scheme lacks only the scheme (it was told to give .../mlflow.db.db)
+    for uri in (str(tmp_path / "mlflow.db"), "mlflow.db"):
+        with pytest.raises(ValueError, match=rf"give sqlite:///{Path(uri).absolute()} instead, or set"):
+            checked_tracking_uri(uri)
     with pytest.raises(ValueError, match=r"MLflow tracking URI '' is empty"):
         checked_tracking_uri("")
     for uri in ("postgresql+psycopg2://u@db/mlflow", "HTTPS://mlflow.example", "databricks-uc", "databricks://p"):

@@ -65,9 +65,11 @@ def checked_tracking_uri(uri: str) -> str:
                          "database URL (postgresql://, mysql://, mssql://).")
     if (scheme in ("", "file") and not uri.startswith("databricks")
             and os.environ.get("MLFLOW_ALLOW_FILE_STORE", "").lower() not in ("1", "true")):
+        path = Path(local_store_path(uri) or uri).absolute()
+        # a path naming a database file lacks only the scheme; a folder (mlruns) becomes a database beside it
+        sqlite = path if path.suffix in (".db", ".sqlite", ".sqlite3") or path.is_file() else f"{path}.db"
         raise ValueError(f"MLflow tracking URI {uri!r} is a file store, which MLflow 3 refuses (maintenance mode): "
-                         f"give sqlite:///{Path(local_store_path(uri) or uri).absolute()}.db instead, or set "
-                         "MLFLOW_ALLOW_FILE_STORE=true to use it anyway.")
+                         f"give sqlite:///{sqlite} instead, or set MLFLOW_ALLOW_FILE_STORE=true to use it anyway.")
     local = local_store_path(uri)
     if local is not None and in_job_working_dir(local):
         raise ValueError(f"MLflow store {uri!r} lies in this Ray job's temporary copy of its working dir: its runs and "
