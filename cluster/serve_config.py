@@ -15,7 +15,9 @@ as nothing to do (its application builder, which resolves an alias, does not run
 clone's code when they start: after an edit or a `git pull`, or once `champion` has moved to another version, the
 same config would keep the replicas, their old code and their old model, running. With both in the config a change
 of either is a changed config, and Serve rolls the replicas over to new ones; a deploy with nothing changed stays
-a no-op. (An alias that cannot be resolved here is left out: the builder names the problem.)
+a no-op. A model, version or alias the store says it does not have ends here in one line (exit 2), before the deploy
+(it was the application builder's traceback, `make serve TASK=qqp` before `make run TASK=qqp`); a store that does not
+answer is left to the builder, which names the problem.
 
 --loopback (what `local.sh serve` gives on its loopback-only cluster): a config without `http_options.host` is
 served on 127.0.0.1, said in one line.
@@ -62,11 +64,18 @@ def _registry_uris(args) -> list[str]:
     return [u for u in uris if isinstance(u, str) and u.startswith("models:/")]
 
 
+def _not_in_store(exc: Exception) -> bool:
+    """Whether `pinned_uri` failed because the store answered that it has no such model, version or alias (MLflow's
+    RESOURCE_DOES_NOT_EXIST; a missing alias is its INVALID_PARAMETER_VALUE), not because it could not be asked."""
+    return getattr(exc.__cause__, "error_code", None) in ("RESOURCE_DOES_NOT_EXIST", "INVALID_PARAMETER_VALUE")
+
+
 def pinned_models(args: dict, environ=None) -> str:
-    """The versions the `models:/NAME@ALIAS` arguments of an application (model_uri, cross_encoder) point at now,
-    e.g. 'models:/pair-residual-stsb/2'; an argument that is no alias, or cannot be resolved, adds nothing."""
+    """The versions the `models:/` arguments of an application (model_uri, cross_encoder) point at now, e.g.
+    'models:/pair-residual-stsb/2' for models:/pair-residual-stsb@champion; ValueError naming an argument the store
+    does not have; one that cannot be resolved otherwise (a server that does not answer) adds nothing."""
     environ = os.environ if environ is None else environ
-    uris = [u for u in _registry_uris(args) if "@" in u]
+    uris = _registry_uris(args)  # a version is asked for too (is it there?), and stamped only through an alias
     store = args.get("tracking_uri") or environ.get("MLFLOW_TRACKING_URI")
     if not uris or not store:  # no store named: MLflow's default would make an empty ./mlflow.db wherever this runs
         return ""
@@ -79,9 +88,12 @@ def pinned_models(args: dict, environ=None) -> str:
     try:
         for uri in uris:
             try:
-                pinned.append(pinned_uri(uri, store))
-            except Exception:  # the builder resolves it again, and names what is wrong
+                now = pinned_uri(uri, store)
+            except Exception as exc:  # the builder resolves it again, and names what is wrong
+                if _not_in_store(exc):
+                    raise ValueError(str(exc)) from None
                 continue
+            pinned += [now] if "@" in uri else []
     finally:
         for k, v in saved.items():
             os.environ.pop(k) if v is None else os.environ.__setitem__(k, v)
@@ -203,8 +215,12 @@ def main(argv: list[str]) -> int:
         print(note)
     if str(out) == "-":
         return 0
-    if isinstance(config, dict):
-        stamped(config, code_fingerprint())
+    try:
+        if isinstance(config, dict):
+            stamped(config, code_fingerprint())
+    except ValueError as exc:  # a model the store does not have
+        print(f"serve: {exc}", file=sys.stderr)
+        return 2
     out.parent.mkdir(parents=True, exist_ok=True)
     what = " with ".join([str(source), *([" ".join(pairs)] if pairs else [])]) + (", on 127.0.0.1" if note else "")
     out.write_text(f"# {what} (cluster/serve_config.py)\n" + yaml.safe_dump(config, sort_keys=False))

@@ -276,6 +276,38 @@ def test_a_serve_config_copy_names_the_code_and_the_model_versions_its_replicas_
     assert os.environ["MLFLOW_HTTP_REQUEST_TIMEOUT"] == "120" and "MLFLOW_HTTP_REQUEST_MAX_RETRIES" not in os.environ
 
 
+def test_a_model_the_store_does_not_have_is_named_before_the_deploy(tmp_path, monkeypatch, capsys):
+    """`make serve TASK=qqp` before `make run TASK=qqp` (the store exists, the model does not) deployed, and ended in
+    the application builder's traceback; now `serve_config.py` names it in one line (exit 2) and writes no config.
+    The same for a version or an alias the store lacks; what it has is stamped as before (aliases only)."""
+    import mlflow
+
+    serve_config = _script("serve_config")
+    store = f"sqlite:///{tmp_path / 'mlflow.db'}"
+    client = mlflow.MlflowClient(store, registry_uri=store)
+    client.create_registered_model("m")
+    client.create_model_version("m", source=str(tmp_path))
+    client.set_registered_model_alias("m", "champion", "1")
+    assert serve_config.pinned_models({"model_uri": "models:/m@champion", "tracking_uri": store}) == "models:/m/1"
+    assert serve_config.pinned_models({"model_uri": "models:/m/1", "tracking_uri": store}) == ""
+    for uri, why in (("models:/qqp@champion", "Registered Model with name=qqp not found"),
+                     ("models:/m@best", "Registered model alias best not found"),
+                     ("models:/m/7", r"Model Version \(name=m, version=7\) not found")):
+        with pytest.raises(ValueError, match=rf"Cannot load '{uri}' from MLflow \({store}\): {why}"):
+            serve_config.pinned_models({"model_uri": uri, "tracking_uri": store})
+    config, out = tmp_path / "config.yaml", tmp_path / "out" / "config.yaml"
+    config.write_text("applications:\n- name: pair-scorer\n  import_path: serving.app:build_app\n  args: {}\n")
+    monkeypatch.setenv("MLFLOW_TRACKING_URI", store)
+    capsys.readouterr()  # MLflow's lines of making the store
+    assert serve_config.main([str(config), str(out), "model_uri=models:/qqp@champion"]) == 2
+    err = capsys.readouterr().err
+    assert err.startswith("serve: Cannot load 'models:/qqp@champion'") and err.count("\n") == 1
+    assert "`make run TASK=<task>` registers" in err and not out.exists()
+    assert serve_config.main([str(config), str(out), "model_uri=models:/m@champion"]) == 0
+    written = yaml.safe_load(out.read_text())["applications"][0]["runtime_env"]["env_vars"]
+    assert written["EMBED_SERVE_MODELS"] == "models:/m/1"
+
+
 def _make_serve_args(target: str, task: str) -> str:
     """The KEY=VALUE arguments `make <target> TASK=<task>` deploys with (`make -n`: printed, nothing run)."""
     out = subprocess.run(["make", "-n", target, f"TASK={task}"], cwd=CLUSTER.parent, capture_output=True, text=True,
