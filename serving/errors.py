@@ -19,12 +19,13 @@ log = logging.getLogger("ray.serve")
 
 #: status -> error type, for statuses raised without an explicit type
 TYPES = {400: "invalid_request", 404: "not_found", 405: "method_not_allowed", 413: "payload_too_large",
-         422: "invalid_request", 429: "rate_limited", 503: "overloaded", 504: "timeout", 500: "internal"}
+         415: "unsupported_media_type", 422: "invalid_request", 429: "rate_limited", 503: "overloaded",
+         504: "timeout", 500: "internal"}
 
 
 class ErrorDetail(BaseModel):
-    type: str = Field(description="invalid_request, not_found, method_not_allowed, payload_too_large, overloaded, "
-                                  "timeout, internal")
+    type: str = Field(description="invalid_request, not_found, method_not_allowed, payload_too_large, "
+                                  "unsupported_media_type, overloaded, timeout, internal")
     message: str = Field(description="what went wrong and how to fix it")
     field: str | None = Field(None, description="the request field at fault, e.g. pairs[3][1]")
 
@@ -75,6 +76,12 @@ async def _invalid(request: Request, exc: RequestValidationError) -> JSONRespons
         reason = (first.get("ctx") or {}).get("error", "invalid JSON")
         return error_response(400, f"The request body is not valid JSON ({reason}); send a JSON object "
                                    "with Content-Type: application/json.", "body")
+    media = request.headers.get("content-type", "").split(";", 1)[0].strip().lower()
+    if len(first.get("loc", ())) == 1 and media != "application/json" and not media.endswith("+json"):
+        # FastAPI reads JSON only from a JSON content type (none is none); `curl -d` alone sends a form's
+        sent = f"as {media!r}" if media else "without a Content-Type"
+        return error_response(415, f"The request body was sent {sent}; send it as JSON with Content-Type: "
+                                   "application/json (curl: -H 'content-type: application/json').", "body")
     messages = [f"{_location(e['loc'])}: {e['msg']}" for e in errors]
     return error_response(422, "; ".join(messages) + _other_route(request, errors), _location(first["loc"]))
 
@@ -122,7 +129,9 @@ def install(app: FastAPI) -> None:
 
 #: the error statuses every endpoint documents in the OpenAPI spec
 def error_responses(*statuses: int) -> dict[int | str, dict[str, Any]]:
+    statuses += (415,) if 400 in statuses else ()  # a route that takes a body refuses one that is not sent as JSON
     descriptions = {400: "the body is not valid JSON / not UTF-8", 404: "unknown route or job",
+                    415: "the body is not sent as JSON (Content-Type: application/json)",
                     413: "over a size limit: the body (max_body_bytes, max_warm_body_bytes) or a warm's texts "
                          "(max_warm_sync)",
                     422: "a field is invalid (the field is named)",

@@ -274,6 +274,21 @@ def test_one_error_shape_for_every_failure():
         assert set(body) == {"error"} and {"type", "message"} <= set(body["error"]), body
         assert body["error"].get("field") == field, body
     assert "secret detail" not in cases[-1][0].text
+    # a JSON body sent as a form (`curl -d` without -H), as text or with no Content-Type (which FastAPI does not read
+    # as JSON): 415 naming the header to send (it was a 422 "body: Input should be a valid dictionary")
+    for media, sent in (("application/x-www-form-urlencoded", "as 'application/x-www-form-urlencoded'"),
+                        ("text/plain; charset=utf-8", "as 'text/plain'"), (None, "without a Content-Type")):
+        r = client.post("/score", content=b'{"pairs": [["a", "b"]]}', headers={"content-type": media} if media else {})
+        assert r.status_code == 415 and r.json()["error"] == {
+            "type": "unsupported_media_type", "field": "body",
+            "message": f"The request body was sent {sent}; send it as JSON with Content-Type: application/json "
+                       "(curl: -H 'content-type: application/json')."}
+    for media in ("application/json; charset=utf-8", "application/vnd.api+json"):
+        r = client.post("/score", content=b'{"pairs": [["a", "b"]]}', headers={"content-type": media})
+        assert r.status_code == 200, (media, r.text)
+    r = client.post("/score", content=b'[1]', headers={"content-type": "application/json"})
+    assert r.status_code == 422 and r.json()["error"]["message"].startswith("body: Input should be a valid dict")
+    assert 415 in errors.error_responses(400, 422) and 415 not in errors.error_responses(404)
 
 
 def test_a_body_meant_for_another_endpoint_names_that_endpoint():
