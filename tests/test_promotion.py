@@ -173,6 +173,17 @@ def test_a_worse_comparable_version_cannot_take_champion_and_a_better_one_does(g
     assert rec["manual"] is False and rec["previous"]["version"] == "1" and rec["git_commit"] and rec["command"]
 
 
+def test_the_recorded_command_is_the_one_to_type_again():
+    """`python -m embed_lib registry --rollback` was recorded as '/abs/path/embed_lib/__main__.py registry ...'
+    (the promotion record) and '__main__.py train ...' (a run's command tag)."""
+    from embed_lib.tracking.promotion import command_line
+
+    assert command_line(["/w/clone/embed_lib/__main__.py", "registry", "--rollback"]) == \
+        "python -m embed_lib registry --rollback"
+    assert command_line(["/w/clone/sweeps/pair_residual.py", "--task", "stsb"]) == "pair_residual.py --task stsb"
+    assert command_line([]) == "python"
+
+
 def test_every_version_carries_its_fingerprint_encoder_key_and_promotion_record(groups, store):
     from embed_lib.encoding.cache import cache_key
     from embed_lib.tracking.registry import history, model_name

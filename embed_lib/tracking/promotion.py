@@ -14,6 +14,7 @@ import datetime as dt
 import json
 import sys
 from dataclasses import dataclass
+from pathlib import Path
 from typing import Any, Mapping
 
 #: the rule's figure: the winner rule picks the best mean validation delta over the frozen cosine
@@ -116,13 +117,21 @@ def decide(new: Evidence, champion_version: str | None, champion: Evidence | Non
     return Decision("challenger", f"not promoted: not better on the rule's figure ({comparison})", previous)
 
 
+def command_line(argv: list[str] | None = None) -> str:
+    """The command that ran, as one would type it again: `python -m embed_lib registry ...` for the CLI (whose
+    sys.argv[0] is the path of its __main__.py), else the script's name and its arguments."""
+    argv = sys.argv if argv is None else argv
+    head = Path(argv[0] if argv else "python")
+    return " ".join([f"python -m {head.parent.name}" if head.name == "__main__.py" else head.name, *argv[1:]])
+
+
 def record(decision: Decision, *, manual: bool = False, provenance: Mapping[str, Any] | None = None,
            evidence: Evidence | None = None) -> dict[str, Any]:
     """The promotion record stored on the version (JSON): the alias, the reason, the previous champion, the
     comparison's figures, manual or not, the command and commit, and when."""
     return {"alias": decision.alias, "reason": decision.reason, "manual": manual, "previous": decision.previous,
             **({"figure": {FIGURE: evidence.figure}} if evidence is not None else {}),
-            "command": " ".join(sys.argv), **dict(provenance or {}),
+            "command": command_line(), **dict(provenance or {}),
             "time": dt.datetime.now(dt.timezone.utc).isoformat(timespec="seconds")}
 
 

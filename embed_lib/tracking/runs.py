@@ -6,7 +6,6 @@ from __future__ import annotations
 
 import os
 import subprocess
-import sys
 from pathlib import Path
 from typing import Any
 from urllib.parse import urlparse
@@ -16,6 +15,7 @@ import numpy as np
 import pandas as pd
 
 from embed_lib.data.tasks import SPLITS, load_splits
+from embed_lib.tracking.promotion import command_line
 from embed_lib.training.diagnostics import baseline_error
 from embed_lib.training.seed_group import GroupResult
 from embed_lib.training.tensors import StudyData
@@ -156,7 +156,7 @@ def log_group(result: GroupResult, data: StudyData, teacher: dict[str, Any] | No
     mlflow.log_params({**cfg.to_dict(), **(extra_params or {})})
     mlflow.log_dict(cfg.to_dict(), "config.json")
     mlflow.log_dict(data.manifest, "encoder_manifest.json")
-    mlflow.set_tags({**git_info(), "command": " ".join([Path(sys.argv[0]).name, *sys.argv[1:]]),
+    mlflow.set_tags({**git_info(), "command": command_line(),
                      "task": cfg.task, "adapter": cfg.adapter, "control": cfg.control, "target": cfg.target,
                      **{f"split.{k}": v for k, v in data.split_notes.items()}})
     metrics = {f"baseline/{k}": v for k, v in result.baseline.items()}
