@@ -5,6 +5,7 @@ test_resume_after_the_driver_is_killed. Figures -> results/benchmarks/chaos.json
 """
 from __future__ import annotations
 
+import argparse
 import os
 import signal
 import tempfile
@@ -127,4 +128,5 @@ def main() -> None:
 
 
 if __name__ == "__main__":
+    argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter).parse_args()
     main()

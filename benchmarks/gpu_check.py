@@ -4,6 +4,7 @@ On a machine without a GPU it records that and measures the CPU side only.
 """
 from __future__ import annotations
 
+import argparse
 import dataclasses
 import time
 
@@ -57,4 +58,5 @@ def main() -> None:
 
 
 if __name__ == "__main__":
+    argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter).parse_args()
     main()

@@ -3,6 +3,7 @@ once had: a contract that a deliberately added upward import does not break woul
 from __future__ import annotations
 
 import os
+import re
 import shutil
 import subprocess
 import sys
@@ -77,3 +78,15 @@ def test_no_module_over_300_lines_and_no_function_over_60_outside_tests():
             if isinstance(node, (ast.FunctionDef, ast.AsyncFunctionDef)) and node.end_lineno - node.lineno >= 60:
                 long_functions.append(f"{m.relative_to(REPO)}:{node.lineno} {node.name}")
     assert not long_functions, long_functions
+
+
+def test_every_benchmark_script_parses_its_arguments():
+    """`python benchmarks/X.py --help` prints its usage: a script without a parser ran the benchmark instead
+    (`chaos.py --help` started a Ray cluster and a Serve application; `gpu_check.py --help` wrote its results)."""
+    missing = []
+    for path in sorted((REPO / "benchmarks").glob("*.py")):
+        text = path.read_text()
+        guard = re.search(r'^if __name__ == "__main__"(.*):', text, re.M)
+        if guard and not guard.group(1) and "parse_args(" not in text:  # a guard with a condition: an internal entry
+            missing.append(path.name)
+    assert not missing, f"benchmarks without an argument parser (so no --help): {missing}"
