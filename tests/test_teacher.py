@@ -31,7 +31,16 @@ def tiny_splits(data_dir):
 
 
 def test_cross_fitted_teacher_scores_and_cache(tiny_splits, tmp_path):
-    scores, record = teacher_scores(tiny_splits, TINY, tmp_path)
+    # another recipe's teacher cached for the task (make run's fast one) is named when this one is to be trained
+    (tmp_path / "teacher").mkdir()
+    for name, rec in (("f", {"task": "stsb", "preset": "fast"}), ("q", {"task": "qqp", "preset": "light"}),
+                      ("bad", "not a record")):
+        (tmp_path / "teacher" / f"{name}.json").write_text(json.dumps(rec))
+    said = []
+    scores, record = teacher_scores(tiny_splits, TINY, tmp_path, progress=said.append)
+    assert said[0] == (f"teacher: the custom recipe is not cached for this data (key {record['key']}); training it, "
+                       "the longest step on a CPU, cached for later runs (cached here for stsb: the fast recipe, "
+                       "--teacher-preset fast)")
     assert {k: len(v) for k, v in scores.items()} == {"train": 24, "validation": 24, "test": 24}
     assert all(np.isfinite(v).all() for v in scores.values())
     assert [f["held_out"] for f in record["folds"]] == [12, 12]

@@ -37,7 +37,7 @@ from embed_lib.config import default_cache_dir
 from embed_lib.data.tasks import PairData
 from embed_lib.encoding.cache import atomic_write, one_at_a_time
 from embed_lib.teacher import recipe, workers
-from embed_lib.teacher.config import LATER_FIELDS, TeacherConfig, preset_of
+from embed_lib.teacher.config import LATER_FIELDS, PRESETS, TeacherConfig, preset_of
 from embed_lib.teacher.intermediate import stage_key, warm_start
 from embed_lib.training.signals import rank_normalise
 
@@ -190,6 +190,10 @@ def _cached(root: Path, key: str, splits: Mapping[str, PairData],
 
 def _train(splits: Mapping[str, PairData], cfg: TeacherConfig, root: Path, key: str, device: str | None,
            progress: Callable[[str], None], fold_workers: int | None) -> tuple[dict[str, np.ndarray], dict[str, Any]]:
+    others = [p for p in _cached_recipes(root, splits["train"].task) if p in PRESETS and p != preset_of(cfg)]
+    progress(f"teacher: the {preset_of(cfg)} recipe is not cached for this data (key {key}); training it, the longest "
+             "step on a CPU, cached for later runs" + (f" (cached here for {splits['train'].task}: the {others[0]} "
+                                                       f"recipe, --teacher-preset {others[0]})" if others else ""))
     device = device or ("cuda" if torch.cuda.is_available() else "cpu")
     t0 = time.perf_counter()
     record: dict[str, Any] = {"key": key, "config": dataclasses.asdict(cfg), "preset": preset_of(cfg),
@@ -210,6 +214,21 @@ def _train(splits: Mapping[str, PairData], cfg: TeacherConfig, root: Path, key: 
     record["train_pairs_per_s"] = round(trained / train_s, 1) if train_s else None
     _write_cache(root / f"{key}.npz", root / f"{key}.json", scores, record)
     return scores, record
+
+
+def _cached_recipes(root: Path, task: str) -> list[str]:
+    """The recipes (preset names) of the teachers cached under `root` for `task`, most recent first: what to name
+    when another is about to be trained (`python -m embed_lib train --target ce_margin`, whose default is the study's
+    strong recipe, after `make run` cached the fast one)."""
+    out = []
+    for meta in sorted(root.glob("*.json"), key=lambda p: p.stat().st_mtime, reverse=True):
+        try:
+            rec = json.loads(meta.read_text())
+        except (OSError, ValueError):
+            continue
+        if isinstance(rec, dict) and rec.get("task") == task and rec.get("preset") not in (None, *out):
+            out.append(rec["preset"])
+    return out
 
 
 def _refuse_non_finite(scores: Mapping[str, np.ndarray], cfg: TeacherConfig) -> None:
