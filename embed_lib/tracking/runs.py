@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import os
 import subprocess
+import warnings
 from pathlib import Path
 from typing import Any
 from urllib.parse import urlparse
@@ -273,7 +274,9 @@ def log_task_inputs(task: str, data_dir: str | Path | None = None, attempts: int
     row the first one wrote and links it."""
     for split, d in load_splits(task, SPLITS, data_dir).items():
         frame = pd.DataFrame({"sentence1": d.sentence1, "sentence2": d.sentence2, "label": d.label})
-        dataset = mlflow.data.from_pandas(frame, source=_dataset_source(d.source), name=f"{task}-{split}")
+        with warnings.catch_warnings():  # MLflow registers its local source twice, and says so on every dataset
+            warnings.filterwarnings("ignore", "The specified dataset source can be interpreted in multiple ways")
+            dataset = mlflow.data.from_pandas(frame, source=_dataset_source(d.source), name=f"{task}-{split}")
         for attempt in range(attempts):
             try:
                 mlflow.log_input(dataset, context=split, tags={"split_note": d.split_note[:250]})
