@@ -56,10 +56,13 @@ def pinned_uri(model_uri: str, tracking_uri: str | None) -> str:
             require_store(store)
         info = registry_info(model_uri, tracking_uri)
     except Exception as exc:  # MLflow's errors name neither the field nor the fix
+        field, made_by = (("cross_encoder", "`make teacher TASK=<task>` registers models:/cross-encoder-<task>@current")
+                          if model_uri.startswith("models:/cross-encoder-") else
+                          ("model_uri", "`make run TASK=<task>` registers models:/pair-residual-<task>@champion"))
         raise ValueError(f"Cannot load {model_uri!r} from MLflow ({store or 'default tracking URI'}): "
-                         f"{str(exc).rstrip('.')}. Check model_uri (models:/<name>@<alias>) and tracking_uri; `make "
-                         "run TASK=<task>` registers models:/pair-residual-<task>@champion in this clone's store, and "
-                         "`python -m embed_lib registry --name <name>` lists what a store has.") from exc
+                         f"{str(exc).rstrip('.')}. Check {field} (models:/<name>@<alias>) and tracking_uri; "
+                         f"{made_by} in this clone's store, and `python -m embed_lib registry --name <name>` lists "
+                         "what a store has.") from exc
     if info.get("alias") and info.get("version"):
         return f"models:/{info['name']}/{info['version']}"
     return model_uri

@@ -152,6 +152,10 @@ def test_serving_a_champion_from_a_store_without_it_names_the_store_and_how_to_r
     with pytest.raises(ValueError, match=r"name=pair-residual-stsb not found\. Check model_uri .* `python -m embed_lib "
                                          r"registry --name <name>` lists what a store has"):
         pinned_uri("models:/pair-residual-stsb@champion", uri)
+    # a served cross-encoder (the cascade's) is registered by `make teacher`, not `make run`
+    with pytest.raises(ValueError, match=r"name=cross-encoder-stsb not found\. Check cross_encoder .* `make teacher "
+                                         r"TASK=<task>` registers models:/cross-encoder-<task>@current in this clone"):
+        pinned_uri("models:/cross-encoder-stsb@current", uri)
 
 
 def test_a_worse_comparable_version_cannot_take_champion_and_a_better_one_does(groups, store):
