@@ -514,6 +514,41 @@ def test_folds_in_worker_processes_give_the_folds_trained_here(tiny_splits, tmp_
         teacher_scores(tiny_splits, cfg, tmp_path / "bad", fold_workers=-1)
 
 
+def _alive(pid: int) -> bool:
+    """Whether the process runs (a zombie, ended and waiting for its reaper, does not)."""
+    try:
+        return Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()[0] != "Z"
+    except (OSError, IndexError):
+        return False
+
+
+@pytest.mark.skipif(not Path("/proc/self/stat").exists(), reason="reads process states from /proc (Linux)")
+def test_the_workers_end_when_the_process_that_started_them_is_killed(tmp_path):
+    """A `train` killed while its folds trained (SIGTERM, SIGKILL, or SIGINT to it alone) left the fold processes
+    training as orphans (three of them, 9 minutes on, still busy); now each ends within seconds of its parent."""
+    script = tmp_path / "folds.py"
+    script.write_text("import os, pathlib, sys, time\nfrom embed_lib.teacher.workers import run_folds\n"
+                      "def work(k, out, progress):\n"
+                      "    pathlib.Path(out, str(os.getpid())).touch()\n    time.sleep(300)\n"
+                      "if __name__ == '__main__':\n    run_folds(work, [(0, sys.argv[1]), (1, sys.argv[1])], 2, 1, print)\n")
+    pids_dir = tmp_path / "pids"
+    pids_dir.mkdir()
+    parent = subprocess.Popen([sys.executable, str(script), str(pids_dir)], cwd=Path(__file__).resolve().parents[1])
+    try:
+        deadline = time.time() + 120
+        while len(list(pids_dir.iterdir())) < 2 and time.time() < deadline and parent.poll() is None:
+            time.sleep(0.2)
+        workers = [int(p.name) for p in pids_dir.iterdir()]
+        assert len(workers) == 2 and all(_alive(pid) for pid in workers)
+    finally:
+        parent.kill()  # SIGKILL: the parent can clean nothing up
+        parent.wait()
+    deadline = time.time() + 15
+    while any(_alive(pid) for pid in workers) and time.time() < deadline:
+        time.sleep(0.2)
+    assert not [pid for pid in workers if _alive(pid)], "fold workers outlived the process that started them"
+
+
 def test_a_worker_that_dies_is_named_with_both_causes_and_their_fixes(tmp_path):
     """A script that starts worker processes at import, without a `__main__` guard: each spawned worker re-imports it
     and dies before it starts. The error names memory and the guard, each with its fix, not memory alone (a user who
