@@ -530,7 +530,8 @@ def test_the_workers_end_when_the_process_that_started_them_is_killed(tmp_path):
     script.write_text("import os, pathlib, sys, time\nfrom embed_lib.teacher.workers import run_folds\n"
                       "def work(k, out, progress):\n"
                       "    pathlib.Path(out, str(os.getpid())).touch()\n    time.sleep(300)\n"
-                      "if __name__ == '__main__':\n    run_folds(work, [(0, sys.argv[1]), (1, sys.argv[1])], 2, 1, print)\n")
+                      "if __name__ == '__main__':\n"
+                      "    run_folds(work, [(0, sys.argv[1]), (1, sys.argv[1])], 2, 1, print)\n")
     pids_dir = tmp_path / "pids"
     pids_dir.mkdir()
     parent = subprocess.Popen([sys.executable, str(script), str(pids_dir)], cwd=Path(__file__).resolve().parents[1])
