@@ -31,6 +31,29 @@ def test_train_logs_config_metrics_and_plots_to_mlflow(tmp_path, stsb_embedded, 
     assert cfg["target"] == "lexical" and cfg["n_seeds"] == 2
 
 
+def test_a_ctrl_c_while_train_logs_ends_its_run_killed_in_one_line(tmp_path, stsb_embedded, capsys, monkeypatch):
+    """Ctrl-C while the run is open: the run ended FAILED (MLflow's context takes any exception for a crash) and a
+    traceback was printed; now KILLED, what was logged kept, one line, exit 130."""
+    import mlflow
+
+    from embed_lib.cli import commands
+
+    def interrupted(*args, **kwargs):
+        raise KeyboardInterrupt
+
+    monkeypatch.setattr(commands, "log_task_inputs", interrupted)  # called after log_group, inside the run
+    uri = f"sqlite:///{tmp_path / 'mlflow.db'}"
+    code = main(["train", "--task", "stsb", "--adapter", "pair_gated", "--target", "lexical", "--seeds", "2",
+                 "--epochs", "1", "--limit", "300", "--tracking-uri", uri, "--experiment", "t"])
+    assert code == 130
+    assert capsys.readouterr().err.strip().splitlines()[-1] == (
+        "interrupted (Ctrl-C): train stopped; nothing more was written or registered.")
+    client = mlflow.MlflowClient(uri)
+    (run,) = client.search_runs([client.get_experiment_by_name("t").experiment_id])
+    assert run.info.status == "KILLED" and run.data.params["adapter"] == "pair_gated"
+    assert mlflow.active_run() is None
+
+
 def test_train_rejects_bad_options(capsys):
     assert main(["train", "--task", "stsb", "--gamma", "3", "--no-mlflow"]) == 2
     assert "AdapterConfig.gamma=3.0 is out of range" in capsys.readouterr().err

@@ -23,7 +23,7 @@ from embed_lib.teacher.cross_encoder import served_teacher
 from embed_lib.tracking.cross_encoder_registry import log_cross_encoder
 from embed_lib.tracking.registry import load_registered
 from embed_lib.tracking.runs import (default_tracking_uri, log_group, log_task_inputs, require_store, set_experiment,
-                                     ui_link)
+                                     tracked_run, ui_link)
 from embed_lib.training import retrieval as R
 from embed_lib.training.adapters import PairAdapter
 from embed_lib.training.diagnostics import length_collapse
@@ -111,7 +111,7 @@ def cmd_train(args: argparse.Namespace) -> int:
         print(teacher_summary(record))
     if not args.no_mlflow:
         set_experiment(args.experiment or f"embed_lib-{args.task}", args.tracking_uri or default_tracking_uri())
-        with mlflow.start_run(run_name=f"{cfg.adapter}-{cfg.control}-{cfg.target}") as run:
+        with tracked_run(run_name=f"{cfg.adapter}-{cfg.control}-{cfg.target}") as run:
             log_group(result, data, record)
             log_task_inputs(args.task, args.data_dir)
         print(f"MLflow run {run.info.run_id} at {mlflow.get_tracking_uri()}; UI (make mlflow-ui): "
@@ -258,7 +258,7 @@ def cmd_teacher(args: argparse.Namespace) -> int:
         return 0
 
     set_experiment(args.experiment or f"embed_lib-{args.task}", args.tracking_uri or default_tracking_uri())
-    with mlflow.start_run(run_name=f"teacher-{args.task}"):
+    with tracked_run(run_name=f"teacher-{args.task}"):
         mlflow.log_dict(record, "teacher_kfold.json")
         mlflow.log_metrics({f"served/{k}": served[k] for k in ("validation_spearman", "test_spearman",
                                                                "test_error_correlation", "fit_seconds")})

@@ -151,6 +151,9 @@ def main(argv: Sequence[str] | None = None) -> int:
         args.out = f"results/{args.command}_{args.task.replace(',', '_')}{split}.md"
     try:
         return args.func(args)
+    except KeyboardInterrupt:  # one line, not a traceback; an MLflow run it had open ended KILLED (tracked_run)
+        print(f"interrupted (Ctrl-C): {args.command} stopped; nothing more was written or registered.", file=sys.stderr)
+        return 130
     except (ValueError, TypeError, FileNotFoundError, KeyError, RuntimeError) as exc:
         print(f"error: {exc}", file=sys.stderr)
         return 2

@@ -4,11 +4,12 @@ Kept free of Ray: the sweeps call the same functions inside Tune trials. MLflow 
 """
 from __future__ import annotations
 
+import contextlib
 import os
 import subprocess
 import warnings
 from pathlib import Path
-from typing import Any
+from typing import Any, Iterator
 from urllib.parse import urlparse
 
 import mlflow
@@ -148,6 +149,17 @@ def plot_signal_vs_error(data: StudyData, target: str):
     ax.set_title(f"{data.task} train: Pearson {r:+.3f}")
     fig.tight_layout()
     return fig
+
+
+@contextlib.contextmanager
+def tracked_run(**kwargs: Any) -> Iterator[Any]:
+    """`mlflow.start_run(**kwargs)`, ended KILLED by a Ctrl-C (MLflow's own context ends it FAILED, as a crash)."""
+    with mlflow.start_run(**kwargs) as run:
+        try:
+            yield run
+        except KeyboardInterrupt:
+            mlflow.end_run("KILLED")
+            raise
 
 
 def log_group(result: GroupResult, data: StudyData, teacher: dict[str, Any] | None = None,
