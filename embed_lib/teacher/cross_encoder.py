@@ -33,7 +33,7 @@ from embed_lib.data.tasks import PairData
 from embed_lib.encoding.batching import SLACK, length_batches
 from embed_lib.encoding.cache import one_at_a_time
 from embed_lib.encoding.onnx_backend import cross_encoder_runner
-from embed_lib.encoding.weights import check_local, resolve_model
+from embed_lib.encoding.weights import check_local, one_line, resolve_model
 from embed_lib.teacher import recipe
 from embed_lib.teacher.config import TeacherConfig
 from embed_lib.teacher.intermediate import warm_start
@@ -137,8 +137,8 @@ class PairCrossEncoder:
         try:
             self.ce = CrossEncoder(resolve_model(str(path)), device="cpu", **kw)
         except Exception as exc:
-            raise ValueError(f"Could not load cross-encoder {str(path)!r}: {exc}. Give a cross-encoder id, a local "
-                             "directory, or a models:/cross-encoder-<task> URI.") from exc
+            raise ValueError(f"Could not load cross-encoder {str(path)!r}: {one_line(exc)}. Give a cross-encoder id, "
+                             "a local directory, or a models:/cross-encoder-<task> URI.") from exc
         self.ce.model.eval()
         # one tokenizer call at a time (see FrozenEncoder): the forward passes of two threads still run in parallel
         self._tokenizing = threading.Lock()

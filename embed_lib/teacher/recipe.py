@@ -17,7 +17,7 @@ from typing import TYPE_CHECKING, Any, Callable, Mapping
 import numpy as np
 import torch
 
-from embed_lib.encoding.weights import check_local, resolve_model
+from embed_lib.encoding.weights import check_local, one_line, packaged_instead, resolve_model
 from embed_lib.progress import Progress
 from embed_lib.training.metrics import spearman
 
@@ -70,9 +70,9 @@ def load(cfg: TeacherConfig, device: str, start: str | None = None, seed: int | 
             return CrossEncoder(path, num_labels=None if cfg.pretrained else 1, device=device,
                                 max_length=cfg.max_length)
         except Exception as exc:
-            raise ValueError(f"Could not load cross-encoder {cfg.model!r} ({path}): {exc}. Name a "
-                             "sentence-transformers or transformers model id, a local model directory, or the alias "
-                             "'minilm'.") from exc
+            fix = packaged_instead(cfg.model, "--teacher") or (
+                "Name a sentence-transformers or transformers model id, a local model directory, or the alias 'minilm'")
+            raise ValueError(f"Could not load cross-encoder {cfg.model!r} ({path}): {one_line(exc)}. {fix}.") from exc
 
 
 def logits(ce, pairs: list[list[str]]) -> torch.Tensor:

@@ -190,10 +190,15 @@ def _cached(root: Path, key: str, splits: Mapping[str, PairData],
 
 def _train(splits: Mapping[str, PairData], cfg: TeacherConfig, root: Path, key: str, device: str | None,
            progress: Callable[[str], None], fold_workers: int | None) -> tuple[dict[str, np.ndarray], dict[str, Any]]:
-    others = [p for p in _cached_recipes(root, splits["train"].task) if p in PRESETS and p != preset_of(cfg)]
-    progress(f"teacher: the {preset_of(cfg)} recipe is not cached for this data (key {key}); training it, the longest "
-             "step on a CPU, cached for later runs" + (f" (cached here for {splits['train'].task}: the {others[0]} "
-                                                       f"recipe, --teacher-preset {others[0]})" if others else ""))
+    if cfg.pretrained:
+        progress(f"teacher: {cfg.model} (pretrained) has not scored this data yet (key {key}): scoring it, cached "
+                 "for later runs")
+    else:
+        others = [p for p in _cached_recipes(root, splits["train"].task) if p in PRESETS and p != preset_of(cfg)]
+        progress(f"teacher: the {preset_of(cfg)} recipe is not cached for this data (key {key}); training it, the "
+                 "longest step on a CPU, cached for later runs" + (
+                     f" (cached here for {splits['train'].task}: the {others[0]} recipe, --teacher-preset {others[0]})"
+                     if others else ""))
     device = device or ("cuda" if torch.cuda.is_available() else "cpu")
     t0 = time.perf_counter()
     record: dict[str, Any] = {"key": key, "config": dataclasses.asdict(cfg), "preset": preset_of(cfg),
