@@ -37,8 +37,8 @@ class PairAdapterModel(PythonModel):
         rows = [np.asarray(v, dtype=np.float32).reshape(-1) for v in column.tolist()]
         for i, v in enumerate(rows):
             if v.shape[0] != dim:
-                raise PairInputError(f"{name}[{i}] has {v.shape[0]} values; this adapter takes vectors of {dim} (its "
-                                 f"encoder's, {self.manifest.get('encoder', '?')}).")
+                raise PairInputError(f"{name}[{i}] has {v.shape[0]} values; this adapter takes vectors of {dim} "
+                                     f"(its encoder's, {self.manifest.get('encoder', '?')}).")
             if not np.isfinite(v).all():
                 raise PairInputError(f"{name}[{i}] holds NaN or infinity; give finite raw vectors of the encoder.")
         return np.stack(rows) if rows else np.zeros((0, dim), np.float32)
