@@ -102,6 +102,31 @@ def test_registered_as_cross_encoder_of_the_task(served, tmp_path):
     assert PairCrossEncoder(local).record["teacher_key"] == record["teacher_key"]
 
 
+def test_the_registry_command_lists_a_cross_encoder_as_one_and_leaves_its_alias_alone(served, tmp_path, capsys):
+    """`registry --name cross-encoder-stsb` listed it with the adapter's columns ("?") and "no recorded promotion",
+    and `--promote 1` gave it a `champion` alias nothing reads; now its own columns, and a move is refused."""
+    import mlflow
+
+    from embed_lib.cli.parser import main
+    from embed_lib.tracking.runs import set_experiment
+
+    _, _, _, folder, record = served
+    uri = f"sqlite:///{tmp_path}/mlflow.db"
+    set_experiment("teacher-test", uri)
+    with mlflow.start_run():
+        log_cross_encoder(folder, record, "stsb", mlflow.MlflowClient(uri, registry_uri=uri))
+    assert main(["registry", "--name", "cross-encoder-stsb", "--tracking-uri", uri]) == 0
+    out = capsys.readouterr().out.splitlines()
+    assert out[1].split() == ["version", "aliases", "test", "Spearman", "recipe", "(teacher", "key)"]
+    assert out[2].split()[:3] == ["1", "current", f"{record['test_spearman']:.4f}"]
+    assert out[2].endswith(f"({record['teacher_key']})")
+    assert main(["registry", "--name", "cross-encoder-stsb", "--promote", "1", "--tracking-uri", uri]) == 2
+    assert "is a served cross-encoder: `make teacher` (python -m embed_lib teacher) moves its alias 'current'" in \
+        capsys.readouterr().err
+    aliases = mlflow.MlflowClient(uri, registry_uri=uri).get_registered_model("cross-encoder-stsb").aliases
+    assert {a: str(v) for a, v in aliases.items()} == {"current": "1"}
+
+
 def test_a_missing_cross_encoder_directory_is_named(tmp_path):
     with pytest.raises(ValueError, match=f"Could not load cross-encoder '{tmp_path}/gone': no such file or directory"):
         PairCrossEncoder(tmp_path / "gone")

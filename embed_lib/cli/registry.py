@@ -16,7 +16,8 @@ def add_registry_parser(sub) -> None:
                                         "of every alias move; --promote / --rollback move champion by hand")
     p.add_argument("--task", dest="model_task", default="stsb", metavar="TASK",
                    help="the task whose model is listed: pair-residual-<task> (default stsb)")
-    p.add_argument("--name", default=None, help="the registered model instead (e.g. pair-residual-stsb-smoke)")
+    p.add_argument("--name", default=None, help="the registered model instead (e.g. pair-residual-stsb-smoke, or "
+                                                "cross-encoder-stsb: the served cross-encoder's versions)")
     p.add_argument("--tracking-uri", default=None,
                    help="MLflow tracking URI (default: $MLFLOW_TRACKING_URI or sqlite:///<cwd>/mlflow.db)")
     move = p.add_mutually_exclusive_group()
@@ -47,10 +48,37 @@ def _row(r: dict) -> str:
     return "\n".join(lines)
 
 
+def _cross_encoders(args: argparse.Namespace, name: str, tracking_uri: str, client) -> int:
+    """A served cross-encoder's versions (`make teacher` registers them; the service reads @current): its alias is
+    not the champion's, and the adapter's columns and promotion records are not its own."""
+    if args.promote is not None or args.rollback:
+        raise ValueError(f"{name} is a served cross-encoder: `make teacher` (python -m embed_lib teacher) moves its "
+                         f"alias 'current', which the cascade reads (models:/{name}@current); --promote / --rollback "
+                         "move the champion of an adapter (pair-residual-<task>).")
+    versions = sorted(client.search_model_versions(f"name='{name}'"), key=lambda v: int(v.version))
+    if not versions:
+        raise ValueError(f"No registered model {name!r} in {tracking_uri}. `make teacher TASK=<task>` registers "
+                         "cross-encoder-<task>.")
+    aliases = client.get_registered_model(name).aliases
+    rows = [{"version": str(v.version), "aliases": sorted(a for a, n in aliases.items() if str(n) == str(v.version)),
+             **(v.tags or {})} for v in versions]
+    if args.json:
+        print(json.dumps({"name": name, "tracking_uri": tracking_uri, "versions": rows}, indent=2))
+        return 0
+    print(f"{name} in {tracking_uri}\n{'version':>7}  {'aliases':<19}  {'test Spearman':>13}  recipe (teacher key)")
+    for r in rows:
+        test = f"{float(r['test_spearman']):.4f}" if r.get("test_spearman") else "?"
+        print(f"{r['version']:>7}  {','.join(r['aliases']) or '-':<19}  {test:>13}  {r.get('recipe', '?')} "
+              f"({r.get('teacher_key', '?')})")
+    return 0
+
+
 def cmd_registry(args: argparse.Namespace) -> int:
     tracking_uri = require_store(args.tracking_uri or default_tracking_uri())
     client = mlflow.MlflowClient(tracking_uri, registry_uri=tracking_uri)
     name = args.name or model_name(args.model_task)
+    if name.startswith("cross-encoder-"):
+        return _cross_encoders(args, name, tracking_uri, client)
     if args.promote is not None or args.rollback:
         decision = move_champion(name, None if args.rollback else args.promote, args.reason, client)
         print(f"{name}: champion -> version {client.get_model_version_by_alias(name, 'champion').version} "
