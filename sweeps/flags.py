@@ -1,6 +1,7 @@
 """The sweep's command-line flags (shared by both entry scripts) and the parsing of their values."""
 from __future__ import annotations
 
+import argparse
 import itertools
 import json
 from pathlib import Path
@@ -49,6 +50,14 @@ def parse_grid(items: list[str], file: str | None) -> dict[str, list[Any]]:
     return grid
 
 
+class _Given(argparse.Action):
+    """Stores the value and notes that the flag was given (`<dest>_given`): a default cannot be told from it."""
+
+    def __call__(self, parser, namespace, values, option_string=None) -> None:
+        setattr(namespace, self.dest, values)
+        setattr(namespace, f"{self.dest}_given", True)
+
+
 def add_sweep_args(p, *, default_samples: int) -> None:
     p.add_argument("--task", default="stsb", help=f"the task to sweep: one of {task_names()} (default stsb), or your "
                                                   "own pairs: a .csv / .tsv / .jsonl / .parquet file or hf:<dataset id> "
@@ -72,7 +81,9 @@ def add_sweep_args(p, *, default_samples: int) -> None:
     p.add_argument("--grid", action="append", default=[], metavar="KEY=V1,V2",
                    help="grid values (with --search grid); repeatable")
     p.add_argument("--grid-file", default=None, help="JSON {key: [values]} for --search grid")
-    p.add_argument("--num-samples", type=int_at_least(1), default=default_samples, help="Optuna configurations")
+    p.add_argument("--num-samples", type=int_at_least(1), default=default_samples, action=_Given,
+                   help=f"Optuna configurations (default {default_samples}; --search grid runs each point of its grid "
+                        "once)")
     p.add_argument("--no-start-points", action="store_true",
                    help="let Optuna start from random proposals instead of the entry script's START_POINTS")
     p.add_argument("--seeds", type=int_at_least(1), default=5, help="seeds per configuration (default 5)")
@@ -145,6 +156,9 @@ def check_settings(args, fixed: dict[str, Any]) -> None:
                              f"{args.search}: add --search grid, or drop them.")
         AdapterConfig.from_dict(fixed)
         return
+    if getattr(args, "num_samples_given", False):  # else ignored: the grid runs each of its points once
+        raise ValueError("--num-samples sets how many configurations Optuna proposes, and --search grid runs each "
+                         "point of its grid once: drop --num-samples (more seeds per point: --seeds).")
     grid = parse_grid(args.grid, args.grid_file)
     if not grid:
         raise ValueError("--search grid needs values: give --grid KEY=V1,V2 (repeatable) or --grid-file.")
