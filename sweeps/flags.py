@@ -87,7 +87,7 @@ def add_sweep_args(p, *, default_samples: int) -> None:
     p.add_argument("--no-start-points", action="store_true",
                    help="let Optuna start from random proposals instead of the entry script's START_POINTS")
     p.add_argument("--seeds", type=int_at_least(1), default=5, help="seeds per configuration (default 5)")
-    p.add_argument("--seed", type=int, default=0, help="Optuna sampler seed")
+    p.add_argument("--seed", type=int, default=0, action=_Given, help="Optuna sampler seed")
     p.add_argument("--max-concurrent", type=int_at_least(1), default=2, help="trials at once (default 2)")
     p.add_argument("--cpus-per-trial", type=float_above(0), default=1.0, help="CPUs per trial (fractions allowed; "
                                                                                "default 1.0)")
@@ -156,9 +156,12 @@ def check_settings(args, fixed: dict[str, Any]) -> None:
                              f"{args.search}: add --search grid, or drop them.")
         AdapterConfig.from_dict(fixed)
         return
-    if getattr(args, "num_samples_given", False):  # else ignored: the grid runs each of its points once
-        raise ValueError("--num-samples sets how many configurations Optuna proposes, and --search grid runs each "
-                         "point of its grid once: drop --num-samples (more seeds per point: --seeds).")
+    optuna_only = [flag for flag, given in (("--num-samples", getattr(args, "num_samples_given", False)),
+                                            ("--seed", getattr(args, "seed_given", False)),
+                                            ("--no-start-points", args.no_start_points)) if given]
+    if optuna_only:  # else ignored: the grid runs each of its points once, in order
+        raise ValueError(f"{', '.join(optuna_only)} steer the configurations Optuna proposes, and --search grid runs "
+                         "each point of its grid once: drop them (more seeds per point: --seeds).")
     grid = parse_grid(args.grid, args.grid_file)
     if not grid:
         raise ValueError("--search grid needs values: give --grid KEY=V1,V2 (repeatable) or --grid-file.")

@@ -69,9 +69,11 @@ def test_the_edges_of_each_range_are_accepted():
                           r"optuna: add --search grid, or drop them"),
     (("--grid-file", "g.json"), r"--grid / --grid-file give the values of --search grid"),
     # ignored before: a grid runs each point once whatever --num-samples says
-    (("--search", "grid", "--grid", "gamma=0.1", "--num-samples", "4"), r"--num-samples sets how many configurations "
+    (("--search", "grid", "--grid", "gamma=0.1", "--num-samples", "4"), r"^--num-samples steer the configurations "
                                                                         r"Optuna proposes, and --search grid runs each "
-                                                                        r"point of its grid once: drop --num-samples"),
+                                                                        r"point of its grid once: drop them"),
+    (("--search", "grid", "--grid", "gamma=0.1", "--seed", "0", "--no-start-points"), r"^--seed, --no-start-points "
+                                                                                      r"steer the configurations"),
     (("--encoder", "/no/such/encoder"), r"Could not load encoder '/no/such/encoder': no such file or directory"),
     (("--teacher", "./no/such/ce"), r"Could not load cross-encoder './no/such/ce': no such file or directory"),
     (("--search", "grid", "--grid", "tau=0.1,-1"), r"--grid point \{'tau': -1\}: AdapterConfig.tau=-1 is out of range"),
