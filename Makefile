@@ -116,7 +116,9 @@ cluster-tools:
 	@command -v nft >/dev/null || command -v iptables >/dev/null || [[ $$(id -u) != 0 ]] || ! command -v apt-get >/dev/null \
 	  || { echo "installing nftables (cluster/nodes.py's head firewall)"; { apt-get install -y -q nftables || { apt-get update -q && apt-get install -y -q nftables; }; } >/dev/null; }
 
+MLFLOW_UI_BUSY = stop what holds it (another clone's make mlflow-ui?), or give another port: make mlflow-ui MLFLOW_PORT=5001
 mlflow-ui: venv
+	@python3 cluster/dashboard.py port-free 127.0.0.1 $(MLFLOW_PORT) mlflow-ui "$(MLFLOW_UI_BUSY)"
 	MLFLOW_SERVER_ENABLE_JOB_EXECUTION=false $(BIN)/mlflow server --host 127.0.0.1 --port $(MLFLOW_PORT) \
 	  --backend-store-uri $(MLFLOW_TRACKING_URI) --default-artifact-root $(MLFLOW_ARTIFACT_ROOT)
 

@@ -16,6 +16,9 @@ after its polling rounds, seconds after the job's last line.
         exits 1 naming the port and what holds it when Serve has not started on this cluster yet and the config's
         http_options host and port are taken by another process (Serve's ingress would fail on it ~15 s into the
         deploy, with HAProxy's own line); exits 0 otherwise (a running Serve's ingress holds its port itself).
+    python3 cluster/dashboard.py port-free <host> <port> <what> <advice>
+        exits 1 with "<what>: <host>:<port> is in use by <holder>: <advice>" when the port is taken (`make mlflow-ui`:
+        MLflow's server says only "Address already in use", and exits 0), else exits 0.
     python3 cluster/dashboard.py holder <port>
         prints 'process, pid N' listening on the port (nothing when `ss` names none): `local.sh start`'s port check.
     python3 cluster/dashboard.py busy <dashboard address>
@@ -239,6 +242,12 @@ def main(argv: list[str]) -> int:
         work = busy(argv[1], _token())
         print(", ".join(work))
         return 0 if work else 1
+    if argv[:1] == ["port-free"] and len(argv) == 5 and argv[2].isdigit():
+        if not port_taken(argv[1], int(argv[2])):
+            return 0
+        who = holder(int(argv[2]))
+        print(f"{argv[3]}: {argv[1]}:{argv[2]} is in use{f' by {who}' if who else ''}: {argv[4]}", file=sys.stderr)
+        return 1
     if argv[:1] == ["holder"] and len(argv) == 2 and argv[1].isdigit():
         print(holder(int(argv[1])))
         return 0

@@ -608,6 +608,23 @@ def test_serve_names_a_port_another_process_holds_before_it_deploys(tmp_path):
                             "127.0.0.1:8001") and "make cluster-stop" in other
 
 
+def test_mlflow_ui_names_a_port_another_process_holds():
+    """`make mlflow-ui` on a taken port: MLflow's server said only "[Errno 98] Address already in use"; now one line
+    names the port, its holder and MLFLOW_PORT, before the server starts."""
+    import socket
+
+    with socket.socket() as held:
+        held.bind(("127.0.0.1", 0))
+        held.listen()
+        port = held.getsockname()[1]
+        out = subprocess.run(["make", "-s", "mlflow-ui", f"MLFLOW_PORT={port}"], cwd=CLUSTER.parent,
+                             capture_output=True, text=True, timeout=120)
+    assert out.returncode != 0
+    assert out.stderr.startswith(f"mlflow-ui: 127.0.0.1:{port} is in use by ") and f"pid {os.getpid()}" in out.stderr
+    assert "give another port: make mlflow-ui MLFLOW_PORT=5001" in out.stderr and "mlflow server" not in out.stdout
+    assert _dashboard().main(["port-free", "127.0.0.1", str(port), "x", "y"]) == 0  # closed: free again
+
+
 @pytest.mark.integration
 def test_the_local_cluster_listens_on_loopback_only_and_stop_closes_every_port():
     """A cluster of its own: every socket its processes listen on is on loopback (nothing is on an
