@@ -7,7 +7,7 @@ import json
 
 import mlflow
 
-from embed_lib.tracking.registry import history, model_name, move_champion
+from embed_lib.tracking.registry import history, model_name, move_champion, versions_of
 from embed_lib.tracking.runs import default_tracking_uri, require_store
 
 
@@ -55,13 +55,10 @@ def _cross_encoders(args: argparse.Namespace, name: str, tracking_uri: str, clie
         raise ValueError(f"{name} is a served cross-encoder: `make teacher` (python -m embed_lib teacher) moves its "
                          f"alias 'current', which the cascade reads (models:/{name}@current); --promote / --rollback "
                          "move the champion of an adapter (pair-residual-<task>).")
-    versions = sorted(client.search_model_versions(f"name='{name}'"), key=lambda v: int(v.version))
-    if not versions:
+    rows = [{"version": str(mv.version), "aliases": held, **(mv.tags or {})} for mv, held in versions_of(name, client)]
+    if not rows:
         raise ValueError(f"No registered model {name!r} in {tracking_uri}. `make teacher TASK=<task>` registers "
                          "cross-encoder-<task>.")
-    aliases = client.get_registered_model(name).aliases
-    rows = [{"version": str(v.version), "aliases": sorted(a for a, n in aliases.items() if str(n) == str(v.version)),
-             **(v.tags or {})} for v in versions]
     if args.json:
         print(json.dumps({"name": name, "tracking_uri": tracking_uri, "versions": rows}, indent=2))
         return 0

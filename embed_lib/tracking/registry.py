@@ -165,15 +165,19 @@ def move_champion(name: str, version: str | int | None = None, reason: str = "",
     return decision
 
 
+def versions_of(name: str, client) -> list[tuple[Any, list[str]]]:
+    """Every version of `name`, oldest first, with the aliases it holds ([] where the model has none)."""
+    versions = sorted(client.search_model_versions(f"name='{name}'"), key=lambda v: int(v.version))
+    aliases = client.get_registered_model(name).aliases if versions else {}  # search results carry no aliases
+    return [(mv, sorted(a for a, v in aliases.items() if str(v) == str(mv.version))) for mv in versions]
+
+
 def history(name: str, client=None) -> list[dict[str, Any]]:
     """Every version of `name`, oldest first: aliases, figures, evidence and the recorded promotion."""
     client = client or mlflow.MlflowClient()
     rows = []
-    versions = sorted(client.search_model_versions(f"name='{name}'"), key=lambda v: int(v.version))
-    aliases = client.get_registered_model(name).aliases if versions else {}  # search results carry no aliases
-    for mv in versions:
+    for mv, held in versions_of(name, client):
         tags = mv.tags or {}
-        held = sorted(a for a, v in aliases.items() if str(v) == str(mv.version))
         rows.append({"version": str(mv.version), "aliases": held,
                      "figure": tags.get("delta_val_mean"), "val_pairs": tags.get("val_pairs"),
                      "val_fingerprint": tags.get("val_fingerprint"), "encoder": tags.get("encoder"),
