@@ -48,6 +48,16 @@ def _row(r: dict) -> str:
     return "\n".join(lines)
 
 
+def _as_json(args: argparse.Namespace, name: str, tracking_uri: str, rows: list[dict], fix: str) -> bool:
+    """ValueError naming the store and `fix` when `name` has no version there; with --json the rows printed as JSON
+    (True: nothing more to print)."""
+    if not rows:
+        raise ValueError(f"No registered model {name!r} in {tracking_uri}. {fix}")
+    if args.json:
+        print(json.dumps({"name": name, "tracking_uri": tracking_uri, "versions": rows}, indent=2))
+    return bool(args.json)
+
+
 def _cross_encoders(args: argparse.Namespace, name: str, tracking_uri: str, client) -> int:
     """A served cross-encoder's versions (`make teacher` registers them; the service reads @current): its alias is
     not the champion's, and the adapter's columns and promotion records are not its own."""
@@ -56,11 +66,7 @@ def _cross_encoders(args: argparse.Namespace, name: str, tracking_uri: str, clie
                          f"alias 'current', which the cascade reads (models:/{name}@current); --promote / --rollback "
                          "move the champion of an adapter (pair-residual-<task>).")
     rows = [{"version": str(mv.version), "aliases": held, **(mv.tags or {})} for mv, held in versions_of(name, client)]
-    if not rows:
-        raise ValueError(f"No registered model {name!r} in {tracking_uri}. `make teacher TASK=<task>` registers "
-                         "cross-encoder-<task>.")
-    if args.json:
-        print(json.dumps({"name": name, "tracking_uri": tracking_uri, "versions": rows}, indent=2))
+    if _as_json(args, name, tracking_uri, rows, "`make teacher TASK=<task>` registers cross-encoder-<task>."):
         return 0
     print(f"{name} in {tracking_uri}\n{'version':>7}  {'aliases':<19}  {'test Spearman':>13}  recipe (teacher key)")
     for r in rows:
@@ -81,11 +87,8 @@ def cmd_registry(args: argparse.Namespace) -> int:
         print(f"{name}: champion -> version {client.get_model_version_by_alias(name, 'champion').version} "
               f"({decision.reason}); recorded as manual")
     rows = history(name, client)
-    if not rows:
-        raise ValueError(f"No registered model {name!r} in {tracking_uri}. Run a sweep first (make run), or name "
-                         "another with --task / --name / --tracking-uri.")
-    if args.json:
-        print(json.dumps({"name": name, "tracking_uri": tracking_uri, "versions": rows}, indent=2))
+    if _as_json(args, name, tracking_uri, rows, "Run a sweep first (make run), or name another with --task / --name "
+                                                "/ --tracking-uri."):
         return 0
     print(f"{name} in {tracking_uri}\n"
           f"{'version':>7}  {'aliases':<19}  {'delta_val_mean':>14}  {'val pairs':>9}  encoder\n{'':>9}-> every "
