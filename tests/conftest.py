@@ -1,6 +1,7 @@
 from __future__ import annotations
 
 import os
+import sys
 import tempfile
 from pathlib import Path
 
@@ -121,6 +122,21 @@ def pytest_report_header(config) -> str:
 
 def pytest_terminal_summary(terminalreporter) -> None:  # the header is hidden under -q; this line is not
     terminalreporter.write_line(pytest_report_header(None))
+
+
+@pytest.fixture(autouse=True)
+def _own_tracking_uri():
+    """Each test starts on the session's store: `mlflow.set_tracking_uri` (the library calls it for a store it is
+    given) also sets MLFLOW_TRACKING_URI in this process, and a test after it in the same worker would read the last
+    test's store (a store that has data answers differently from one that does not exist)."""
+    before = os.environ.get("MLFLOW_TRACKING_URI")
+    yield
+    utils = sys.modules.get("mlflow.tracking._tracking_service.utils")  # not imported: nothing was set
+    if utils is not None and getattr(utils, "_tracking_uri", None) not in (None, before):
+        utils._tracking_uri = None
+    if os.environ.get("MLFLOW_TRACKING_URI") != before:
+        os.environ.pop("MLFLOW_TRACKING_URI", None) if before is None else os.environ.__setitem__(
+            "MLFLOW_TRACKING_URI", before)
 
 
 @pytest.fixture(scope="session")

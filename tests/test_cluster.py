@@ -256,7 +256,7 @@ def test_a_serve_config_copy_names_the_code_and_the_model_versions_its_replicas_
         {"name": "d", "runtime_env": "junk"}]  # not a mapping: left for Serve's own validation to name
     # only models:/NAME@ALIAS arguments are resolved (a version or a folder is in the config already); one that
     # cannot be resolved adds nothing, and the builder names the problem
-    assert serve_config.pinned_models({"model_uri": "models:/m/3", "cross_encoder": "/models/ce"}) == ""
+    assert serve_config.pinned_models({"model_uri": "models:/m/3", "cross_encoder": "/models/ce"}, environ={}) == ""
     assert serve_config.pinned_models({"model_uri": "models:/m@champion",
                                        "tracking_uri": f"sqlite:///{tmp_path / 'none.db'}"}) == ""
     assert not (tmp_path / "none.db").exists()
