@@ -64,8 +64,42 @@ def ingress(environ=None) -> str:
     return "direct" if environ.get("RAY_SERVE_ENABLE_DIRECT_INGRESS") == "1" else "proxy"
 
 
-def free_port() -> int:
-    """A TCP port free on loopback now (for a Serve HTTP port or an HAProxy port of a cluster of its own)."""
+#: Ray's worker ports (its default --min-worker-port / --max-worker-port): never handed out by `free_port`
+RAY_WORKER_PORTS = range(10002, 20000)
+
+
+def _ephemeral_low(path: str = "/proc/sys/net/ipv4/ip_local_port_range") -> int:
+    """The first port the kernel hands to a socket bound to port 0 or to an outgoing connection (Linux: 32768)."""
+    try:
+        return int(Path(path).read_text().split()[0])
+    except (OSError, ValueError, IndexError):
+        return 32768
+
+
+def _bindable(port: int) -> bool:
+    with socket.socket() as s:
+        try:
+            s.bind(("127.0.0.1", port))
+        except OSError:
+            return False
+        return True
+
+
+def free_port(tries: int = 200) -> int:
+    """A TCP port free on loopback now, for a Serve HTTP port or an HAProxy port of a cluster of its own. It lies
+    between Ray's worker ports and the kernel's ephemeral range: the HAProxy ports are chosen when a cluster starts
+    and bound when Serve starts, minutes or hours later, and a port of the ephemeral range may meanwhile be the
+    source port of any outgoing connection or a socket bound to port 0 (seen in the suite: HAProxy's metrics
+    frontend refused, "Address already in use", and Serve did not start). Where no such gap exists, the kernel's
+    choice."""
+    import random
+
+    pool = range(RAY_WORKER_PORTS.stop, _ephemeral_low())
+    pick = random.SystemRandom()  # two clusters started at once draw apart
+    for _ in range(tries if len(pool) >= 1000 else 0):
+        port = pick.randrange(pool.start, pool.stop)
+        if _bindable(port):
+            return port
     with socket.socket() as s:
         s.bind(("127.0.0.1", 0))
         return s.getsockname()[1]

@@ -203,17 +203,15 @@ LOOPBACK = ("127.0.0.1", "[::1]", "[::ffff:127.0.0.1]")
 
 
 def free_ports(n: int) -> list[int]:
-    """n distinct free ports (all sockets held open until every port is chosen)."""
-    import socket
+    """n distinct ports free on loopback, outside the kernel's ephemeral range (serving.serve_env.free_port): a port
+    handed to a cluster or a server is bound a little later, and no outgoing connection takes it meanwhile."""
+    from serving.serve_env import free_port
 
-    socks = [socket.socket() for _ in range(n)]
-    try:
-        for s in socks:
-            s.bind(("127.0.0.1", 0))
-        return [s.getsockname()[1] for s in socks]
-    finally:
-        for s in socks:
-            s.close()
+    ports: list[int] = []
+    while len(ports) < n:
+        port = free_port()
+        ports += [] if port in ports else [port]
+    return ports
 
 
 @pytest.fixture(scope="session")
