@@ -4,9 +4,9 @@ command per look (each imports Ray), and not `ray job submit`'s own log tail, wh
 after its polling rounds, seconds after the job's last line.
 
     python3 cluster/dashboard.py follow-job <dashboard address> <submission id>
-        prints the job's log as it grows (the remainder once the job has ended), then `Job '<id>' SUCCEEDED` /
-        FAILED / STOPPED as the last line; exit 0 only for SUCCEEDED. Ctrl-C stops the job and follows it to its
-        end (a sweep closes its MLflow runs, registers nothing); a second Ctrl-C stops following, not the job.
+        prints the job's log as it grows, then `Job '<id>' SUCCEEDED` / FAILED / STOPPED as the last line; exit 0
+        only for SUCCEEDED. Ctrl-C stops the job and follows it to its end (a sweep closes its MLflow runs,
+        registers nothing); a second Ctrl-C stops following, not the job.
     python3 cluster/dashboard.py stop-job <dashboard address> <submission id>
         stops the job and waits for its end; prints `Job '<id>' STOPPED` (or the status it ended with).
     python3 cluster/dashboard.py wait-serve <dashboard address> <Serve config>
@@ -22,8 +22,8 @@ after its polling rounds, seconds after the job's last line.
     python3 cluster/dashboard.py holder <port>
         prints 'process, pid N' listening on the port (nothing when `ss` names none): `local.sh start`'s port check.
     python3 cluster/dashboard.py busy <dashboard address>
-        prints the cluster's other work, a job not ended or a Serve application, and exits 0; exits 1 when it
-        holds none (or the API does not answer): what `local.sh release` asks before it stops a cluster.
+        prints the cluster's other work (a job not ended, a Serve application; exit 0), else exits 1 (also when the
+        API does not answer): what `local.sh release` asks before it stops a cluster.
 """
 from __future__ import annotations
 
@@ -32,13 +32,18 @@ import json
 import os
 import re
 import socket
+import signal
 import subprocess
 import sys
 import time
 import urllib.error
 import urllib.request
 
-import yaml
+#: a Ctrl-C while `follow-job` starts (right after the submit) is kept for it, and stops the job (Python's own
+#: handler ended the start in a traceback, the job left running); PyYAML is imported only for a Serve config
+EARLY_CTRL_C: list[int] = []
+if sys.argv[1:2] == ["follow-job"]:
+    signal.signal(signal.SIGINT, lambda *_: EARLY_CTRL_C.append(1))
 
 TERMINAL = {"SUCCEEDED", "FAILED", "STOPPED"}
 FAILED = {"DEPLOY_FAILED", "UNHEALTHY"}
@@ -52,17 +57,19 @@ def _token() -> str | None:
     return open(path, encoding="utf-8").read().strip() if path and os.path.isfile(path) else None
 
 
-def _get(url: str, token: str | None) -> dict:
-    req = urllib.request.Request(url, headers={"Authorization": f"Bearer {token}"} if token else {})
-    with urllib.request.urlopen(req, timeout=30) as resp:
-        return json.loads(resp.read())
-
-
-def _post(url: str, token: str | None) -> dict:
-    req = urllib.request.Request(url, data=b"", method="POST",
+def _get(url: str, token: str | None, method: str = "GET") -> dict:
+    req = urllib.request.Request(url, data=b"" if method == "POST" else None, method=method,
                                  headers={"Authorization": f"Bearer {token}"} if token else {})
     with urllib.request.urlopen(req, timeout=30) as resp:
         return json.loads(resp.read() or b"{}")
+
+
+def _answer(url: str, token: str | None) -> dict | None:
+    """_get; None when the API does not answer."""
+    try:
+        return _get(url, token)
+    except (urllib.error.URLError, OSError, ValueError):
+        return None
 
 
 def follow(address: str, job_id: str, token: str | None, out=sys.stdout, give_up_s: float = 60.0,
@@ -75,6 +82,8 @@ def follow(address: str, job_id: str, token: str | None, out=sys.stdout, give_up
     printed, last_log, failing_since, stopping = 0, 0.0, None, False
     while True:
         try:
+            if EARLY_CTRL_C and not stopping:
+                raise KeyboardInterrupt
             try:
                 status = _get(base, token)["status"]
                 if status in TERMINAL or time.monotonic() - last_log >= LOG_EVERY:
@@ -98,7 +107,7 @@ def follow(address: str, job_id: str, token: str | None, out=sys.stdout, give_up
             print(f"\nCtrl-C: stopping job '{job_id}' (Ctrl-C again: stop following it, and it goes on)",
                   file=sys.stderr, flush=True)
             try:
-                _post(f"{base}/stop", token)
+                _get(f"{base}/stop", token, "POST")
             except (urllib.error.URLError, OSError, ValueError) as exc:  # the API down: stop following instead
                 print(f"Could not stop job '{job_id}': {exc}", file=sys.stderr)
                 raise KeyboardInterrupt from exc
@@ -106,7 +115,7 @@ def follow(address: str, job_id: str, token: str | None, out=sys.stdout, give_up
 
 def stop_job(address: str, job_id: str, token: str | None) -> str:
     """Stop the job (SIGTERM to its driver) and wait for its end: its final status."""
-    _post(f"{address.rstrip('/')}/api/jobs/{job_id}/stop", token)
+    _get(f"{address.rstrip('/')}/api/jobs/{job_id}/stop", token, "POST")
     with open(os.devnull, "w", encoding="utf-8") as quiet:
         return follow(address, job_id, token, out=quiet)
 
@@ -143,11 +152,7 @@ def wait_serve(address: str, config: dict, token: str | None, deadline_s: float 
     `deadline_s` has passed (the last waiting verdict)."""
     end = time.monotonic() + deadline_s
     while True:
-        try:
-            answer = _get(f"{address.rstrip('/')}/api/serve/applications/", token)
-        except (urllib.error.URLError, OSError, ValueError):
-            answer = None
-        line = verdict(config, answer)
+        line = verdict(config, _answer(f"{address.rstrip('/')}/api/serve/applications/", token))
         if not line.startswith("waiting") or time.monotonic() > end:
             return line
         time.sleep(SERVE_EVERY)
@@ -164,13 +169,8 @@ def other_work(jobs: list | None, serve: dict | None) -> list[str]:
 
 def busy(address: str, token: str | None) -> list[str]:
     """other_work of the cluster at `address`; [] when its API does not answer."""
-    answers = []
-    for path in ("jobs/", "serve/applications/"):
-        try:
-            answers.append(_get(f"{address.rstrip('/')}/api/{path}", token))
-        except (urllib.error.URLError, OSError, ValueError):
-            answers.append(None)
-    return other_work(*answers)
+    base = address.rstrip("/")
+    return other_work(_answer(f"{base}/api/jobs/", token), _answer(f"{base}/api/serve/applications/", token))
 
 
 def port_taken(host: str, port: int) -> bool:
@@ -220,10 +220,16 @@ def serve_port_problem(config: dict, serve: dict | None, where: str) -> str | No
             "<config> http_options.port=8001`).")
 
 
+def _config(path: str) -> dict:
+    import yaml  # PyYAML: only a Serve config needs it
+
+    with open(path, encoding="utf-8") as fh:
+        return yaml.safe_load(fh) or {}
+
+
 def _wait_serve_command(address: str, config_path: str) -> int:
     """`wait-serve`: its line, and its exit status."""
-    with open(config_path, encoding="utf-8") as fh:
-        config = yaml.safe_load(fh) or {}
+    config = _config(config_path)
     try:
         line = wait_serve(address, config, _token())
     except KeyboardInterrupt:  # `make serve` stops the cluster it started; a cluster already there keeps the deploy
@@ -252,12 +258,8 @@ def main(argv: list[str]) -> int:
         print(holder(int(argv[1])))
         return 0
     if argv[:1] == ["serve-port"] and len(argv) in (3, 4):
-        try:
-            serve = _get(f"{argv[1].rstrip('/')}/api/serve/applications/", _token())
-        except (urllib.error.URLError, OSError, ValueError):
-            serve = None
-        with open(argv[2], encoding="utf-8") as fh:
-            problem = serve_port_problem(yaml.safe_load(fh) or {}, serve, argv[-1])
+        serve = _answer(f"{argv[1].rstrip('/')}/api/serve/applications/", _token())
+        problem = serve_port_problem(_config(argv[2]), serve, argv[-1])
         if problem:
             print(problem, file=sys.stderr)
         return 1 if problem else 0
@@ -276,6 +278,7 @@ def main(argv: list[str]) -> int:
     command, address, target = argv
     if command == "wait-serve":
         return _wait_serve_command(address, target)
+    signal.signal(signal.SIGINT, signal.default_int_handler)  # a Ctrl-C kept since the start is seen at once
     try:
         status = follow(address, target, _token(), interrupt_stops=True)
     except KeyboardInterrupt:

@@ -256,13 +256,22 @@ case "${1:-}" in
     # submit (right after `start` the job agent may not have registered yet: retry that one refusal), then follow
     # the job's log to its end: cluster/dashboard.py reads the job API several times a second and prints the
     # verdict as its last line (`ray job submit` without --no-wait notices a job's end seconds late)
+    # a Ctrl-C before the job is followed (during the submit, or as follow-job starts) stops the job if it was
+    # submitted; follow-job keeps one that reaches it as it starts (cluster/dashboard.py)
+    ctrl_c=""; trap 'ctrl_c=1' INT
     for attempt in $(seq 1 60); do
       ray job submit --no-wait --address "$DASH_URL" --submission-id "$id" \
         --runtime-env-json "$env_json" -- "$@" >"$out" 2>&1 && break
+      [[ -z $ctrl_c ]] || break
       grep -q "No available agent" "$out" && [[ $attempt != 60 ]] || { cat "$out"; echo "Job '$id' NOT SUBMITTED"; exit 1; }
       sleep 2
     done
     grep -o "Job '$id' submitted successfully" "$out" || true
+    if [[ -n $ctrl_c ]]; then
+      echo "Ctrl-C: stopping job '$id' if it was submitted" >&2
+      python3 "$ROOT/cluster/dashboard.py" stop-job "$DASH_URL" "$id" 2>/dev/null || echo "Job '$id' NOT SUBMITTED"
+      exit 130
+    fi
     python3 "$ROOT/cluster/dashboard.py" follow-job "$DASH_URL" "$id" ;;
   serve)
     # deploy a Serve config (default serving/config.yaml) on this cluster and wait until it is RUNNING; KEY=VALUE

@@ -535,11 +535,22 @@ def test_ctrl_c_under_the_job_follower_stops_the_job_and_follows_it_to_its_end(m
             dashboard.follow(address, "j1", "tok", out=CtrlC())
         state.update(stopped=False, posts=[])
         assert dashboard.stop_job(address, "j1", "tok") == "STOPPED" and state["posts"] == ["/api/jobs/j1/stop"]
+        # a Ctrl-C that came while `follow-job` started (kept by its handler, not a traceback): the job is stopped
+        state.update(stopped=False, posts=[])
+        monkeypatch.setattr(dashboard, "EARLY_CTRL_C", [1])
+        assert dashboard.follow(address, "j1", "tok", out=io.StringIO(), interrupt_stops=True) == "STOPPED"
+        assert state["posts"] == ["/api/jobs/j1/stop"]
+        monkeypatch.setattr(dashboard, "EARLY_CTRL_C", [])
     finally:
         server.shutdown()
         server.server_close()
     # the API gone when Ctrl-C comes: the job could not be stopped; following stops, and says why
-    monkeypatch.setattr(dashboard, "_get", lambda url, token: {"status": "RUNNING", "logs": "x"})
+    def gone(url, token, method="GET"):
+        if method == "POST":
+            raise OSError("connection refused")
+        return {"status": "RUNNING", "logs": "x"}
+
+    monkeypatch.setattr(dashboard, "_get", gone)
     with pytest.raises(KeyboardInterrupt):
         dashboard.follow(address, "j1", "tok", out=CtrlC(), interrupt_stops=True)
     assert "Could not stop job 'j1': " in capsys.readouterr().err
@@ -810,3 +821,29 @@ def test_two_clusters_get_their_own_haproxy_ports_and_files(tmp_path):
     proxy = {"RAY_SERVE_ENABLE_HA_PROXY": "0"}
     apply_serve_env(proxy, tmp_path / "four")
     assert ingress(proxy) == "proxy" and not any(k.startswith("RAY_SERVE_HAPROXY") for k in proxy)
+
+
+def test_a_port_chosen_at_start_and_bound_later_lies_outside_the_ports_the_kernel_and_ray_hand_out(tmp_path,
+                                                                                                 monkeypatch):
+    """HAProxy's ports are chosen when a cluster starts and bound when Serve starts: a port of the kernel's ephemeral
+    range could meanwhile be the source port of any connection (the suite saw HAProxy's metrics frontend refused,
+    "Address already in use"). They come from between Ray's worker ports and that range, free when chosen; a port
+    taken is passed over, and a machine with no such gap gets the kernel's choice."""
+    import socket
+
+    from serving import serve_env
+
+    low = serve_env._ephemeral_low()
+    ports = [serve_env.free_port() for _ in range(50)]
+    assert all(serve_env.RAY_WORKER_PORTS.stop <= p < low for p in ports), (low, ports)
+    assert len(set(ports)) > 40  # drawn, not the same one each time
+    with socket.socket() as held:
+        held.bind(("127.0.0.1", ports[0]))
+        draws = iter([ports[0], ports[1]])
+        monkeypatch.setattr("random.SystemRandom.randrange", lambda self, a, b: next(draws))
+        assert serve_env.free_port() == ports[1]  # the held one is passed over
+    ranges = tmp_path / "ip_local_port_range"
+    ranges.write_text("1024\t65535\n")
+    assert serve_env._ephemeral_low(str(ranges)) == 1024 and serve_env._ephemeral_low(str(tmp_path / "none")) == 32768
+    monkeypatch.setattr(serve_env, "_ephemeral_low", lambda: 1024)
+    assert serve_env.free_port() >= low  # no gap: the kernel's choice, from its ephemeral range

@@ -107,3 +107,44 @@ def test_a_failing_job_ends_the_submit_with_its_output_and_failed(ray_cluster):
     lines = proc.stdout.strip().splitlines()
     assert proc.returncode == 1 and "half done" in lines, proc.stdout + proc.stderr
     assert re.fullmatch(r"Job 'embed-[\w-]+' FAILED", lines[-1]), lines[-1]
+
+
+@pytest.mark.parametrize("when", ["as the submit returns", "during the submit"])
+def test_a_ctrl_c_before_the_job_is_followed_stops_it_or_says_it_was_not_submitted(ray_cluster, tmp_path, when):
+    """Ctrl-C in the seconds `ray job submit` takes (or just as it returns, before the log is followed) ended
+    `local.sh submit` and left a submitted job running, the follower's start in a traceback; now the job is stopped,
+    or the submit says it did not happen (exit 130 both). A `ray` of the test's own sends the Ctrl-C to the
+    submit's process group, as a terminal does, after or instead of the real submit."""
+    import re
+    import signal
+    import urllib.error
+    import urllib.request
+    from pathlib import Path
+
+    real = Path(ray_cluster["VENV"]) / "bin"
+    fake = tmp_path / "venv" / "bin"
+    fake.mkdir(parents=True)
+    for entry in real.iterdir():
+        if entry.name != "ray":
+            (fake / entry.name).symlink_to(entry)
+    run_real = f'"{real / "ray"}" "$@"; rc=$?' if when == "as the submit returns" else "rc=130"
+    (fake / "ray").write_text(f"#!/bin/bash\n{run_real}\nkill -INT 0\nexit $rc\n")
+    (fake / "ray").chmod(0o755)
+    proc = subprocess.run([str(REPO / "cluster" / "local.sh"), "submit", "--", "python", "-c", "import time; "
+                           "time.sleep(120)"], env=dict(ray_cluster, VENV=str(fake.parent)), cwd=REPO,
+                          capture_output=True, text=True, timeout=120, start_new_session=True,
+                          preexec_fn=lambda: signal.signal(signal.SIGINT, signal.SIG_DFL))
+    job_id = re.search(r"stopping job '(embed-[\w-]+)'", proc.stderr)
+    assert proc.returncode == 130 and job_id, proc.stdout + proc.stderr
+    verdict = f"Job '{job_id.group(1)}' " + ("STOPPED" if when == "as the submit returns" else "NOT SUBMITTED")
+    assert proc.stdout.strip().splitlines()[-1] == verdict, proc.stdout + proc.stderr
+    # what the cluster's job API says of it: stopped, or no such job
+    token = Path(ray_cluster.get("RAY_AUTH_TOKEN_PATH") or Path(ray_cluster["EMBED_RAY_DIR"]) / "auth_token")
+    ask = urllib.request.Request(f"http://127.0.0.1:{ray_cluster['RAY_DASHBOARD_PORT']}/api/jobs/{job_id.group(1)}",
+                                 headers={"Authorization": f"Bearer {token.read_text().strip()}"})
+    try:
+        with urllib.request.urlopen(ask, timeout=30) as answer:
+            status = json.loads(answer.read())["status"]
+    except urllib.error.HTTPError as exc:
+        status = exc.code
+    assert status == ("STOPPED" if when == "as the submit returns" else 404)
