@@ -81,7 +81,7 @@ if _WORKERS > 1:
 # the project's own MLflow store is never the tests' (`make` exports it, and its artifact root, for the commands
 # it runs): a test that names no store logs to one of this session's, and every store keeps its artifacts beside it
 _OWN_TEMP_DIRS.append(Path(tempfile.mkdtemp(prefix="embed-mlflow-")))
-os.environ["MLFLOW_TRACKING_URI"] = f"sqlite:///{_OWN_TEMP_DIRS[-1] / 'mlflow.db'}"
+SESSION_TRACKING_URI = os.environ["MLFLOW_TRACKING_URI"] = f"sqlite:///{_OWN_TEMP_DIRS[-1] / 'mlflow.db'}"
 os.environ.pop("MLFLOW_ARTIFACT_ROOT", None)
 # nor is its Tune state (a sweep holds its name there while it runs: a developer's `make run` beside `make test`)
 os.environ["EMBED_STORAGE_DIR"] = str(_OWN_TEMP_DIRS[-1] / "ray_results")
@@ -124,19 +124,31 @@ def pytest_terminal_summary(terminalreporter) -> None:  # the header is hidden u
     terminalreporter.write_line(pytest_report_header(None))
 
 
+#: MLflow's process-wide state: (module, attribute) its setters write, and the variables they also export
+_MLFLOW_GLOBALS = (("mlflow.tracking._tracking_service.utils", "_tracking_uri"),
+                   ("mlflow.tracking.fluent", "_active_experiment_id"))
+_MLFLOW_VARIABLES = ("MLFLOW_TRACKING_URI", "MLFLOW_EXPERIMENT_ID")
+
+
 @pytest.fixture(autouse=True)
-def _own_tracking_uri():
-    """Each test starts on the session's store: `mlflow.set_tracking_uri` (the library calls it for a store it is
-    given) also sets MLFLOW_TRACKING_URI in this process, and a test after it in the same worker would read the last
-    test's store (a store that has data answers differently from one that does not exist)."""
-    before = os.environ.get("MLFLOW_TRACKING_URI")
+def _own_mlflow_state():
+    """Each test starts where the last one started: `mlflow.set_tracking_uri` and `mlflow.set_experiment` (the library
+    calls them for a store it is given) also export MLFLOW_TRACKING_URI and MLFLOW_EXPERIMENT_ID in this process, and
+    a test after them in the same worker read the last test's store (CI failed a test on it: a store that exists
+    answers differently from one that does not) and passed its experiment id to the subprocesses it started."""
+    def now():
+        return ({(m, a): getattr(sys.modules[m], a, None) if m in sys.modules else None for m, a in _MLFLOW_GLOBALS},
+                {k: os.environ.get(k) for k in _MLFLOW_VARIABLES})
+
+    before = now()
     yield
-    utils = sys.modules.get("mlflow.tracking._tracking_service.utils")  # not imported: nothing was set
-    if utils is not None and getattr(utils, "_tracking_uri", None) not in (None, before):
-        utils._tracking_uri = None
-    if os.environ.get("MLFLOW_TRACKING_URI") != before:
-        os.environ.pop("MLFLOW_TRACKING_URI", None) if before is None else os.environ.__setitem__(
-            "MLFLOW_TRACKING_URI", before)
+    if now() == before:
+        return
+    for (module, attribute), value in before[0].items():
+        if module in sys.modules:  # imported during the test: its start value, None
+            setattr(sys.modules[module], attribute, value)
+    for key, value in before[1].items():
+        os.environ.pop(key, None) if value is None else os.environ.__setitem__(key, value)
 
 
 @pytest.fixture(scope="session")

@@ -245,6 +245,25 @@ def test_a_sweep_outlives_a_restart_of_its_mlflow_server_with_every_run_recorded
     assert len({r.data.tags["trial_id"] for r in trials}) == 3  # none doubled by a retried request
 
 
+def test_a_test_that_moves_mlflow_to_a_store_of_its_own(tmp_path):
+    """With the next test: MLflow's setters export the store and the experiment to the process (and to every
+    subprocess a later test starts); tests/conftest.py puts them back after each test."""
+    from embed_lib.tracking.runs import set_experiment
+
+    experiment = set_experiment("moved", f"sqlite:///{tmp_path / 'mlflow.db'}")
+    assert os.environ["MLFLOW_TRACKING_URI"] == f"sqlite:///{tmp_path / 'mlflow.db'}"
+    assert os.environ["MLFLOW_EXPERIMENT_ID"] == experiment.experiment_id
+
+
+def test_the_next_test_starts_on_the_sessions_store():
+    import mlflow
+
+    from tests.conftest import SESSION_TRACKING_URI
+
+    assert os.environ["MLFLOW_TRACKING_URI"] == mlflow.get_tracking_uri() == SESSION_TRACKING_URI
+    assert "MLFLOW_EXPERIMENT_ID" not in os.environ
+
+
 def test_a_dataset_inserted_by_a_concurrent_sweep_is_linked_not_an_error(tmp_path, monkeypatch):
     """Two sweeps of one experiment log the same dataset at once: the store refuses the second insert (seen with two
     jobs on one cluster); log_task_inputs tries again and links the row the other wrote."""
