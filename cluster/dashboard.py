@@ -57,7 +57,7 @@ def _token() -> str | None:
     return open(path, encoding="utf-8").read().strip() if path and os.path.isfile(path) else None
 
 
-def _get(url: str, token: str | None, method: str = "GET") -> dict:
+def _api(url: str, token: str | None, method: str = "GET") -> dict:
     req = urllib.request.Request(url, data=b"" if method == "POST" else None, method=method,
                                  headers={"Authorization": f"Bearer {token}"} if token else {})
     with urllib.request.urlopen(req, timeout=30) as resp:
@@ -65,9 +65,9 @@ def _get(url: str, token: str | None, method: str = "GET") -> dict:
 
 
 def _answer(url: str, token: str | None) -> dict | None:
-    """_get; None when the API does not answer."""
+    """_api (GET); None when the API does not answer."""
     try:
-        return _get(url, token)
+        return _api(url, token)
     except (urllib.error.URLError, OSError, ValueError):
         return None
 
@@ -85,9 +85,9 @@ def follow(address: str, job_id: str, token: str | None, out=sys.stdout, give_up
             if EARLY_CTRL_C and not stopping:
                 raise KeyboardInterrupt
             try:
-                status = _get(base, token)["status"]
+                status = _api(base, token)["status"]
                 if status in TERMINAL or time.monotonic() - last_log >= LOG_EVERY:
-                    logs = _get(f"{base}/logs", token).get("logs") or ""
+                    logs = _api(f"{base}/logs", token).get("logs") or ""
                     out.write(logs[printed:])
                     out.flush()
                     printed, last_log = len(logs), time.monotonic()
@@ -107,7 +107,7 @@ def follow(address: str, job_id: str, token: str | None, out=sys.stdout, give_up
             print(f"\nCtrl-C: stopping job '{job_id}' (Ctrl-C again: stop following it, and it goes on)",
                   file=sys.stderr, flush=True)
             try:
-                _get(f"{base}/stop", token, "POST")
+                _api(f"{base}/stop", token, "POST")
             except (urllib.error.URLError, OSError, ValueError) as exc:  # the API down: stop following instead
                 print(f"Could not stop job '{job_id}': {exc}", file=sys.stderr)
                 raise KeyboardInterrupt from exc
@@ -115,7 +115,7 @@ def follow(address: str, job_id: str, token: str | None, out=sys.stdout, give_up
 
 def stop_job(address: str, job_id: str, token: str | None) -> str:
     """Stop the job (SIGTERM to its driver) and wait for its end: its final status."""
-    _get(f"{address.rstrip('/')}/api/jobs/{job_id}/stop", token, "POST")
+    _api(f"{address.rstrip('/')}/api/jobs/{job_id}/stop", token, "POST")
     with open(os.devnull, "w", encoding="utf-8") as quiet:
         return follow(address, job_id, token, out=quiet)
 

@@ -550,7 +550,7 @@ def test_ctrl_c_under_the_job_follower_stops_the_job_and_follows_it_to_its_end(m
             raise OSError("connection refused")
         return {"status": "RUNNING", "logs": "x"}
 
-    monkeypatch.setattr(dashboard, "_get", gone)
+    monkeypatch.setattr(dashboard, "_api", gone)
     with pytest.raises(KeyboardInterrupt):
         dashboard.follow(address, "j1", "tok", out=CtrlC(), interrupt_stops=True)
     assert "Could not stop job 'j1': " in capsys.readouterr().err
