@@ -3,6 +3,7 @@ per-cluster settings of Serve's HAProxy ingress (`python -m serving.serve_env ha
 cluster/local.sh)."""
 from __future__ import annotations
 
+import atexit
 import os
 import shlex
 import shutil
@@ -43,14 +44,18 @@ def multi_node_serve_env() -> dict[str, str]:
 def apply_serve_env(environ: dict[str, str] | None = None, haproxy_dir: str | Path | None = None) -> dict[str, str]:
     """Set the file's variables where the environment does not set them already (call before ray.init: the
     processes of a local Ray inherit them), and, where the HAProxy ingress is on, its per-cluster settings
-    (`haproxy_env`; files under `haproxy_dir`, default a new temporary dir); returns the values in force."""
+    (`haproxy_env`; files under `haproxy_dir`, default a new temporary dir, removed when this process exits);
+    returns the values in force."""
     environ = os.environ if environ is None else environ
     settings = serve_env()
     for key, value in settings.items():
         environ.setdefault(key, value)
     extra = {}
     if ingress(environ) == "haproxy":
-        extra = haproxy_env(haproxy_dir or tempfile.mkdtemp(prefix="embhap-"), environ)
+        if haproxy_dir is None:
+            haproxy_dir = tempfile.mkdtemp(prefix="embhap-")
+            atexit.register(shutil.rmtree, haproxy_dir, True)  # the benchmarks left one per run in /tmp
+        extra = haproxy_env(haproxy_dir, environ)
         for key, value in extra.items():
             environ.setdefault(key, value)
     return {key: environ[key] for key in [*settings, *extra]}

@@ -801,6 +801,8 @@ def _alive(pid: int) -> bool:
 
 
 def test_two_clusters_get_their_own_haproxy_ports_and_files(tmp_path):
+    import tempfile
+
     from serving.serve_env import HAPROXY_WRAPPER, apply_serve_env, ingress
 
     one, two = {}, {}
@@ -821,6 +823,13 @@ def test_two_clusters_get_their_own_haproxy_ports_and_files(tmp_path):
     proxy = {"RAY_SERVE_ENABLE_HA_PROXY": "0"}
     apply_serve_env(proxy, tmp_path / "four")
     assert ingress(proxy) == "proxy" and not any(k.startswith("RAY_SERVE_HAPROXY") for k in proxy)
+    # a process that names no dir (the benchmarks' local clusters) gets a temporary one, gone when it exits
+    code = ("from serving.serve_env import apply_serve_env; import os; "
+            "d = apply_serve_env({})['RAY_SERVE_HAPROXY_SERVER_STATE_BASE']; print(d, os.path.isdir(d))")
+    made = subprocess.run([sys.executable, "-c", code], cwd=ROOT, capture_output=True, text=True, timeout=60,
+                          env={**os.environ, "PYTHONPATH": str(ROOT)})
+    where, existed = made.stdout.split()
+    assert existed == "True" and where.startswith(tempfile.gettempdir()) and not os.path.exists(where), made.stderr
 
 
 def test_a_port_chosen_at_start_and_bound_later_lies_outside_the_ports_the_kernel_and_ray_hand_out(tmp_path,
