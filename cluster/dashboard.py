@@ -8,7 +8,8 @@ after its polling rounds, seconds after the job's last line.
         only for SUCCEEDED. Ctrl-C stops the job and follows it to its end (a sweep closes its MLflow runs,
         registers nothing); a second Ctrl-C stops following, not the job.
     python3 cluster/dashboard.py stop-job <dashboard address> <submission id>
-        stops the job and waits for its end; prints `Job '<id>' STOPPED` (or the status it ended with).
+        stops the job and waits for its end; prints `Job '<id>' STOPPED` (or the status it ended with); exit 3: no
+        such job, 1: the API did not answer.
     python3 cluster/dashboard.py wait-serve <dashboard address> <Serve config>
         waits until every application of the config is RUNNING with healthy deployments (exit 0, prints the
         docs URL) or one of them has failed (exit 1, with its message); 600 s at the most.
@@ -267,9 +268,10 @@ def main(argv: list[str]) -> int:
         try:
             status = stop_job(argv[1], argv[2], _token())
         except (urllib.error.URLError, OSError, RuntimeError) as exc:
-            why = "no such job on this cluster" if getattr(exc, "code", None) == 404 else exc
-            print(f"stop-job: could not stop job '{argv[2]}' at {argv[1]}: {why}", file=sys.stderr)
-            return 1
+            unknown = getattr(exc, "code", None) == 404
+            print(f"stop-job: could not stop job '{argv[2]}' at {argv[1]}: "
+                  f"{'no such job on this cluster' if unknown else exc}", file=sys.stderr)
+            return 3 if unknown else 1
         print(f"Job '{argv[2]}' {status}")
         return 0
     if len(argv) != 3 or argv[0] not in ("follow-job", "wait-serve"):

@@ -269,7 +269,8 @@ case "${1:-}" in
     grep -o "Job '$id' submitted successfully" "$out" || true
     if [[ -n $ctrl_c ]]; then
       echo "Ctrl-C: stopping job '$id' if it was submitted" >&2
-      python3 "$ROOT/cluster/dashboard.py" stop-job "$DASH_URL" "$id" 2>/dev/null || echo "Job '$id' NOT SUBMITTED"
+      rc=0; python3 "$ROOT/cluster/dashboard.py" stop-job "$DASH_URL" "$id" 2>"$out" || rc=$?  # 3: no such job
+      (( rc == 0 )) || { [[ $rc == 3 ]] && echo "Job '$id' NOT SUBMITTED" || { cat "$out" >&2; echo "Job '$id' UNKNOWN"; }; }
       exit 130
     fi
     python3 "$ROOT/cluster/dashboard.py" follow-job "$DASH_URL" "$id" ;;

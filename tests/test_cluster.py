@@ -544,6 +544,10 @@ def test_ctrl_c_under_the_job_follower_stops_the_job_and_follows_it_to_its_end(m
     finally:
         server.shutdown()
         server.server_close()
+    # `stop-job` when the API does not answer: exit 1, saying so (3 is kept for "no such job": local.sh submit's
+    # Ctrl-C says NOT SUBMITTED only then, tests/test_sweeps.py)
+    assert dashboard.main(["stop-job", address, "j1"]) == 1
+    assert f"stop-job: could not stop job 'j1' at {address}: " in capsys.readouterr().err
     # the API gone when Ctrl-C comes: the job could not be stopped; following stops, and says why
     def gone(url, token, method="GET"):
         if method == "POST":
