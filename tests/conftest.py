@@ -130,25 +130,38 @@ _MLFLOW_GLOBALS = (("mlflow.tracking._tracking_service.utils", "_tracking_uri"),
 _MLFLOW_VARIABLES = ("MLFLOW_TRACKING_URI", "MLFLOW_EXPERIMENT_ID")
 
 
+def _mlflow_state() -> tuple[dict, dict]:
+    return ({(m, a): getattr(sys.modules[m], a, None) if m in sys.modules else None for m, a in _MLFLOW_GLOBALS},
+            {k: os.environ.get(k) for k in _MLFLOW_VARIABLES})
+
+
+def _restore_mlflow_state(before: tuple[dict, dict]) -> None:
+    if _mlflow_state() == before:
+        return
+    for (module, attribute), value in before[0].items():
+        if module in sys.modules:  # imported since: its start value, None
+            setattr(sys.modules[module], attribute, value)
+    for key, value in before[1].items():
+        os.environ.pop(key, None) if value is None else os.environ.__setitem__(key, value)
+
+
 @pytest.fixture(autouse=True)
 def _own_mlflow_state():
     """Each test starts where the last one started: `mlflow.set_tracking_uri` and `mlflow.set_experiment` (the library
     calls them for a store it is given) also export MLFLOW_TRACKING_URI and MLFLOW_EXPERIMENT_ID in this process, and
     a test after them in the same worker read the last test's store (CI failed a test on it: a store that exists
     answers differently from one that does not) and passed its experiment id to the subprocesses it started."""
-    def now():
-        return ({(m, a): getattr(sys.modules[m], a, None) if m in sys.modules else None for m, a in _MLFLOW_GLOBALS},
-                {k: os.environ.get(k) for k in _MLFLOW_VARIABLES})
-
-    before = now()
+    before = _mlflow_state()
     yield
-    if now() == before:
-        return
-    for (module, attribute), value in before[0].items():
-        if module in sys.modules:  # imported during the test: its start value, None
-            setattr(sys.modules[module], attribute, value)
-    for key, value in before[1].items():
-        os.environ.pop(key, None) if value is None else os.environ.__setitem__(key, value)
+    _restore_mlflow_state(before)
+
+
+@pytest.fixture(autouse=True, scope="module")
+def _own_mlflow_state_per_module():
+    """The same around a module: what its module-scoped fixtures set (a served champion's store) ends with it."""
+    before = _mlflow_state()
+    yield
+    _restore_mlflow_state(before)
 
 
 @pytest.fixture(scope="session")

@@ -245,23 +245,30 @@ def test_a_sweep_outlives_a_restart_of_its_mlflow_server_with_every_run_recorded
     assert len({r.data.tags["trial_id"] for r in trials}) == 3  # none doubled by a retried request
 
 
+_BEFORE_THE_MOVE: list = []
+
+
 def test_a_test_that_moves_mlflow_to_a_store_of_its_own(tmp_path):
     """With the next test: MLflow's setters export the store and the experiment to the process (and to every
     subprocess a later test starts); tests/conftest.py puts them back after each test."""
     from embed_lib.tracking.runs import set_experiment
 
+    _BEFORE_THE_MOVE[:] = [os.environ.get("MLFLOW_TRACKING_URI"), os.environ.get("MLFLOW_EXPERIMENT_ID")]
     experiment = set_experiment("moved", f"sqlite:///{tmp_path / 'mlflow.db'}")
     assert os.environ["MLFLOW_TRACKING_URI"] == f"sqlite:///{tmp_path / 'mlflow.db'}"
     assert os.environ["MLFLOW_EXPERIMENT_ID"] == experiment.experiment_id
 
 
-def test_the_next_test_starts_on_the_sessions_store():
+def test_the_next_test_starts_where_the_last_one_started():
     import mlflow
 
     from tests.conftest import SESSION_TRACKING_URI
 
+    if _BEFORE_THE_MOVE:  # (run alone: nothing moved)
+        assert [os.environ.get("MLFLOW_TRACKING_URI"), os.environ.get("MLFLOW_EXPERIMENT_ID")] == _BEFORE_THE_MOVE
+    # and where this module started: the session's store (a module before it in this worker served a champion
+    # from a store of its own, in a module-scoped fixture)
     assert os.environ["MLFLOW_TRACKING_URI"] == mlflow.get_tracking_uri() == SESSION_TRACKING_URI
-    assert "MLFLOW_EXPERIMENT_ID" not in os.environ
 
 
 def test_a_dataset_inserted_by_a_concurrent_sweep_is_linked_not_an_error(tmp_path, monkeypatch):
