@@ -51,6 +51,10 @@ def test_grid_sweep_registers_champion_then_challenger(sweep_env, stsb_embedded)
     assert cfg.adapter == "pair_gated" and cfg.n_seeds == 2 and manifest["encoder"] == "minilm"
 
 
+def _text(output) -> str:
+    return output.decode(errors="replace") if isinstance(output, bytes) else output or ""
+
+
 def _wait_for_a_terminated_trial_in_tune_state(experiment_dir: Path, timeout_s: float = 120) -> None:
     """Until Tune's experiment state on disk records a finished trial (what --resume reads): killing the driver
     before then would test a resume with nothing to skip."""
@@ -92,7 +96,11 @@ def test_resume_after_the_driver_is_killed(sweep_env):
     _wait_for_a_terminated_trial_in_tune_state(Path(sweep_env["EMBED_STORAGE_DIR"]) / "resume-me")
     os.killpg(driver.pid, signal.SIGKILL)
     driver.wait()
-    resumed = subprocess.run([*args, "--resume"], env=sweep_env, cwd=REPO, capture_output=True, text=True, timeout=600)
+    try:
+        resumed = subprocess.run([*args, "--resume"], env=sweep_env, cwd=REPO, capture_output=True, text=True,
+                                 timeout=600)
+    except subprocess.TimeoutExpired as exc:  # what it was waiting on, not only that it waited
+        pytest.fail(f"--resume did not end in 600 s:\n{_text(exc.stdout)[-4000:]}\n{_text(exc.stderr)[-4000:]}")
     assert resumed.returncode == 0, resumed.stdout[-3000:] + resumed.stderr[-3000:]
     exp = client.get_experiment_by_name("sweep-stsb")
     (parent,) = client.search_runs([exp.experiment_id], "tags.sweep = 'resume-me'")
