@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import atexit
 import os
+import random
 import shlex
 import shutil
 import socket
@@ -97,8 +98,6 @@ def free_port(tries: int = 200) -> int:
     source port of any outgoing connection or a socket bound to port 0 (seen in the suite: HAProxy's metrics
     frontend refused, "Address already in use", and Serve did not start). Where no such gap exists, the kernel's
     choice."""
-    import random
-
     pool = range(RAY_WORKER_PORTS.stop, _ephemeral_low())
     pick = random.SystemRandom()  # two clusters started at once draw apart
     for _ in range(tries if len(pool) >= 1000 else 0):

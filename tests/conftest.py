@@ -136,8 +136,6 @@ def _mlflow_state() -> tuple[dict, dict]:
 
 
 def _restore_mlflow_state(before: tuple[dict, dict]) -> None:
-    if _mlflow_state() == before:
-        return
     for (module, attribute), value in before[0].items():
         if module in sys.modules:  # imported since: its start value, None
             setattr(sys.modules[module], attribute, value)
