@@ -270,7 +270,7 @@ case "${1:-}" in
     if [[ -n $ctrl_c ]]; then
       echo "Ctrl-C: stopping job '$id' if it was submitted" >&2
       rc=0; python3 "$ROOT/cluster/dashboard.py" stop-job "$DASH_URL" "$id" 2>"$out" || rc=$?  # 3: no such job
-      (( rc == 0 )) || { [[ $rc == 3 ]] && echo "Job '$id' NOT SUBMITTED" || { cat "$out" >&2; echo "Job '$id' UNKNOWN"; }; }
+      case $rc in 0) ;; 3) echo "Job '$id' NOT SUBMITTED" ;; *) cat "$out" >&2; echo "Job '$id' UNKNOWN" ;; esac
       exit 130
     fi
     python3 "$ROOT/cluster/dashboard.py" follow-job "$DASH_URL" "$id" ;;

@@ -116,9 +116,9 @@ def test_a_ctrl_c_before_the_job_is_followed_stops_it_or_says_it_was_not_submitt
     or the submit says it did not happen (exit 130 both). A `ray` of the test's own sends the Ctrl-C to the
     submit's process group, as a terminal does, after or instead of the real submit."""
     import re
+    import runpy
     import signal
     import urllib.error
-    import urllib.request
     from pathlib import Path
 
     real = Path(ray_cluster["VENV"]) / "bin"
@@ -138,13 +138,12 @@ def test_a_ctrl_c_before_the_job_is_followed_stops_it_or_says_it_was_not_submitt
     assert proc.returncode == 130 and job_id, proc.stdout + proc.stderr
     verdict = f"Job '{job_id.group(1)}' " + ("STOPPED" if when == "as the submit returns" else "NOT SUBMITTED")
     assert proc.stdout.strip().splitlines()[-1] == verdict, proc.stdout + proc.stderr
-    # what the cluster's job API says of it: stopped, or no such job
+    # what the cluster's job API says of it (asked as local.sh asks it): stopped, or no such job
+    api = runpy.run_path(str(REPO / "cluster" / "dashboard.py"))["_api"]
     token = Path(ray_cluster.get("RAY_AUTH_TOKEN_PATH") or Path(ray_cluster["EMBED_RAY_DIR"]) / "auth_token")
-    ask = urllib.request.Request(f"http://127.0.0.1:{ray_cluster['RAY_DASHBOARD_PORT']}/api/jobs/{job_id.group(1)}",
-                                 headers={"Authorization": f"Bearer {token.read_text().strip()}"})
     try:
-        with urllib.request.urlopen(ask, timeout=30) as answer:
-            status = json.loads(answer.read())["status"]
+        status = api(f"http://127.0.0.1:{ray_cluster['RAY_DASHBOARD_PORT']}/api/jobs/{job_id.group(1)}",
+                     token.read_text().strip())["status"]
     except urllib.error.HTTPError as exc:
         status = exc.code
     assert status == ("STOPPED" if when == "as the submit returns" else 404)
