@@ -19,7 +19,11 @@ penalty for transfer harm beyond the tolerance.
 """
 from __future__ import annotations
 
-from sweeps.cli import suggest_nuisance, sweep_main
+from sweeps import require_stack
+
+require_stack("sweeps/pair_residual.py")
+
+from sweeps.cli import suggest_nuisance, sweep_main  # noqa: E402  (after the check: it imports the stack)
 
 FIXED = {"loss": "cosent", "batch_size": 128, "control": "none", "hidden": 128, "alpha0": 0.5}
 SPACE_KEYS = ["adapter", "target", "gate_task_grad", "gamma", "tau", "learn_p", "lambda_c", "lambda_mod",

@@ -13,7 +13,11 @@ The leaderboard shows whether any complexity-conditioned form beats its constant
 """
 from __future__ import annotations
 
-from sweeps.cli import suggest_nuisance, sweep_main
+from sweeps import require_stack
+
+require_stack("sweeps/per_sentence.py")
+
+from sweeps.cli import suggest_nuisance, sweep_main  # noqa: E402  (after the check: it imports the stack)
 
 FIXED = {"loss": "cosent", "batch_size": 128, "p": 1.0, "learn_p": False, "hidden": 128}
 SPACE_KEYS = ["adapter", "control", "target", "alpha0", "gamma", "tau", "lambda_c", "lambda_mod", "lr",

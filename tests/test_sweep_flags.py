@@ -126,6 +126,23 @@ def test_the_entry_script_stops_in_one_line_and_makes_nothing(tmp_path):
     assert not store.exists() and not (tmp_path / "cache").exists() and not (tmp_path / "ray").exists()
 
 
+@pytest.mark.parametrize("script", ["pair_residual.py", "per_sentence.py"])
+def test_an_entry_script_under_a_python_without_the_stack_names_it_and_the_fix(tmp_path, script):
+    """What `ray job submit -- python sweeps/...` meets on a cluster started outside the venv: one line naming the
+    interpreter, what it lacks and how to run it, instead of a traceback ending in `import mlflow` (-S: this Python
+    without its site-packages, the project found through PYTHONPATH as a job's working dir is)."""
+    env = {**os.environ, "PYTHONPATH": str(ROOT), "RAY_TMPDIR": str(tmp_path / "ray")}
+    proc = subprocess.run([sys.executable, "-S", f"sweeps/{script}", "--task", "stsb", "--tracking-uri",
+                           f"sqlite:///{tmp_path / 'mlflow.db'}"], capture_output=True, text=True, env=env, cwd=ROOT,
+                          timeout=120)
+    assert proc.returncode == 2, proc.stderr
+    (line,) = proc.stderr.strip().splitlines()
+    assert line.startswith(f"error: sweeps/{script} runs under {sys.executable}, which lacks numpy, torch, ray, "
+                           "mlflow, optuna, sentence_transformers: run it with the project's venv"), line
+    assert "cluster/local.sh start" in line and "source .venv/bin/activate; ray start --head" in line
+    assert not (tmp_path / "mlflow.db").exists() and not (tmp_path / "ray").exists()
+
+
 def test_check_flags_checks_and_starts_nothing(tmp_path):
     """`make run SWEEP_ARGS=...` runs this before it starts a cluster: good flags exit 0 with no Ray session and no
     MLflow store; bad ones give the sweep's own line (exit 2)."""
