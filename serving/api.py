@@ -1,6 +1,7 @@
 """The FastAPI application the ingress serves: its error handlers, the offline /docs, response helpers."""
 # no `from __future__ import annotations`: FastAPI reads annotations at runtime
 
+from pathlib import Path
 from typing import Any
 
 import orjson
@@ -23,11 +24,14 @@ def json_response(body: dict[str, Any] | list[Any], status: int = 200) -> Respon
 
 
 def _docs_assets() -> str | None:
+    """The folder of Swagger UI's files, from fastapi-offline (Swagger UI 5: FastAPI's spec is OpenAPI 3.1, which
+    Swagger UI 4 does not render); None where the package is missing."""
     try:
-        import swagger_ui_bundle
+        import fastapi_offline
     except ImportError:
         return None
-    return swagger_ui_bundle.swagger_ui_path
+    static = Path(fastapi_offline.__file__).parent / "static"
+    return str(static) if (static / "swagger-ui-bundle.js").is_file() else None
 
 
 api = FastAPI(title="pair-adapter scorer", version="1", docs_url=None, redoc_url=None,
@@ -42,12 +46,12 @@ if _docs_assets():  # Swagger UI from a package, not a CDN: /docs works without 
 @api.get("/docs", include_in_schema=False)
 async def docs() -> HTMLResponse:
     if not _docs_assets():
-        return HTMLResponse("<p>Install swagger-ui-bundle for the interactive docs; the spec is at "
+        return HTMLResponse("<p>Install fastapi-offline for the interactive docs; the spec is at "
                             "<a href='/openapi.json'>/openapi.json</a>.</p>")
     return get_swagger_ui_html(openapi_url="/openapi.json", title=api.title + " - docs",
                                swagger_js_url="/docs-assets/swagger-ui-bundle.js",
                                swagger_css_url="/docs-assets/swagger-ui.css",
-                               swagger_favicon_url="/docs-assets/favicon-32x32.png")
+                               swagger_favicon_url="/docs-assets/favicon.png")
 
 
 ERRORS = error_responses(400, 404, 413, 422, 500, 503, 504)

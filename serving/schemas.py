@@ -71,10 +71,15 @@ def check_texts(field: str, texts: list[str], max_chars: int, max_items: int | N
             raise ApiError(422, f"{where} {problem}.", where)
 
 
+#: the request bodies /docs shows (and "Try it out" sends): the README's own examples
+PAIRS = [("A man plays a guitar.", "A man is playing guitar."), ("A cat sleeps.", "Stocks fell.")]
+QUERY, DOCUMENTS = "guitar player", ["A man plays a guitar.", "Stocks fell."]
+
+
 class ScoreRequest(BaseModel):
     """Pairs to score: `pairs`, or `text_1` / `text_2` as vLLM's score API sends them (a string or a list
     each: one-to-one for two lists of equal length, one-to-many where one side is a single string)."""
-    model_config = ConfigDict(extra="forbid")
+    model_config = ConfigDict(extra="forbid", json_schema_extra={"examples": [{"pairs": [list(p) for p in PAIRS]}]})
     model: StrictStr | None = Field(None, description="the served model's name (optional; another name is a 404)")
     pairs: list[tuple[StrictStr, StrictStr]] | None = Field(None, description='[["a", "b"], ...]')
     text_1: StrictStr | list[StrictStr] | None = Field(None, description="first texts (with text_2, instead of pairs)")
@@ -152,7 +157,8 @@ class ScoreRequest(BaseModel):
 class RerankRequest(BaseModel):
     """A query and documents to order, as Cohere's rerank API (v1 and v2) takes them: documents are strings,
     or (v1) objects with a "text" field, or with the fields named by rank_fields."""
-    model_config = ConfigDict(extra="forbid")
+    model_config = ConfigDict(extra="forbid", json_schema_extra={"examples": [{"query": QUERY, "documents": DOCUMENTS,
+                                                                              "top_n": 1}]})
     model: StrictStr | None = Field(None, description="the served model's name (optional; another name is a 404)")
     query: StrictStr
     documents: list[StrictStr | dict[StrictStr, StrictStr]]
@@ -183,7 +189,7 @@ class RerankRequest(BaseModel):
 
 class TeiRerankRequest(BaseModel):
     """Text Embeddings Inference's `POST /rerank` body."""
-    model_config = ConfigDict(extra="forbid")
+    model_config = ConfigDict(extra="forbid", json_schema_extra={"examples": [{"query": QUERY, "texts": DOCUMENTS}]})
     query: StrictStr
     texts: list[StrictStr]
     return_text: StrictBool = False
@@ -193,7 +199,7 @@ class TeiRerankRequest(BaseModel):
 
 
 class WarmRequest(BaseModel):
-    model_config = ConfigDict(extra="forbid")
+    model_config = ConfigDict(extra="forbid", json_schema_extra={"examples": [{"texts": DOCUMENTS}]})
     texts: list[StrictStr]
 
 
