@@ -37,6 +37,7 @@ def rows_from(results, fixed: dict[str, Any]) -> tuple[list[dict[str, Any]], lis
 
 def isolation_plot(rows: list[dict[str, Any]], keys: list[str]):
     plt = pyplot()
+    from matplotlib.ticker import NullFormatter
 
     keys = [k for k in keys if any(k in r for r in rows)]
     # a grid of readable panels (4 across), not one strip of many
@@ -48,10 +49,12 @@ def isolation_plot(rows: list[dict[str, Any]], keys: list[str]):
     for ax, key in zip(axes.flat, keys):
         xs = [r.get(key) for r in rows]
         ys = [r["delta_val_mean"] for r in rows]
-        if all(isinstance(x, (int, float)) and not isinstance(x, bool) for x in xs):
+        # numbers on a numeric axis; a value every trial shares (a fixed width) as one category, not a spread axis
+        if all(isinstance(x, (int, float)) and not isinstance(x, bool) for x in xs) and len(set(xs)) > 1:
             ax.scatter(xs, ys, s=12)
             if key in ("lr", "lambda_c", "lambda_mod", "weight_decay") and min(xs) > 0:
                 ax.set_xscale("log")
+                ax.xaxis.set_minor_formatter(NullFormatter())  # 3x10^-3, 4x10^-3, ... ran into one another
         else:
             cats = sorted({str(x) for x in xs})
             ax.scatter([cats.index(str(x)) for x in xs], ys, s=12)

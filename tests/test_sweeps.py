@@ -147,3 +147,20 @@ def test_a_ctrl_c_before_the_job_is_followed_stops_it_or_says_it_was_not_submitt
     except urllib.error.HTTPError as exc:
         status = exc.code
     assert status == ("STOPPED" if when == "as the submit returns" else 404)
+
+
+def test_the_isolation_plot_draws_a_shared_value_as_one_category_and_log_axes_without_crowded_labels():
+    """plots/isolation.png of a sweep: a value every trial shares (width 128) was a numeric axis spread around it
+    (122.5 ... 135.0), and weight decay's log axis labelled every minor tick (3x10^-3, 4x10^-3, ... overlapping)."""
+    from sweeps.report import isolation_plot
+
+    rows = [{"width": 128, "weight_decay": wd, "gamma": g, "adapter": "pair_gated", "delta_val_mean": d}
+            for wd, g, d in [(0.003, 0.2, 0.004), (0.004, 0.5, 0.009), (0.02, 0.7, 0.012), (0.05, 1.0, 0.010)]]
+    fig = isolation_plot(rows, ["width", "weight_decay", "gamma", "adapter", "not_in_rows"])
+    fig.canvas.draw()
+    axes = {ax.get_title(): ax for ax in fig.axes if ax.get_title()}
+    assert sorted(axes) == ["adapter", "gamma", "weight_decay", "width"]
+    assert [t.get_text() for t in axes["width"].get_xticklabels()] == ["128"]
+    assert axes["weight_decay"].get_xscale() == "log"
+    assert not any(t.get_text() for t in axes["weight_decay"].get_xticklabels(minor=True))
+    assert axes["gamma"].get_xscale() == "linear" and len(axes["gamma"].collections[0].get_offsets()) == 4
