@@ -516,3 +516,20 @@ def test_the_library_names_an_argument_of_the_wrong_kind_and_what_to_give(data_d
         embed_task("stsb", EmbeddingCache(stsb_embedded.manifest, tmp_path))
     with pytest.raises(TypeError, match=r"; got dict and str"):
         embed_task(splits, "cache")
+
+
+def test_the_seed_delta_plot_keeps_its_legend_off_the_bars():
+    """plots/seed_deltas.png of a trial: the legend sat in the upper right, over the last seeds' bars."""
+    from types import SimpleNamespace
+
+    from embed_lib.tracking.runs import plot_seed_deltas
+
+    cfg = SimpleNamespace(seeds=[0, 1, 2, 3, 4], task="stsb", adapter="pair_gated", control="none", target="ce_margin")
+    per_seed = [{"delta_val": 0.012 + 0.001 * s, "delta_test": 0.016 - 0.0005 * s} for s in cfg.seeds]
+    fig = plot_seed_deltas(SimpleNamespace(config=cfg, per_seed=per_seed))
+    fig.canvas.draw()
+    (ax,) = fig.axes
+    legend = ax.get_legend().get_window_extent()
+    bars = [patch.get_window_extent() for patch in ax.patches]
+    assert len(bars) == 10 and not any(legend.overlaps(bar) for bar in bars)
+    assert [t.get_text() for t in ax.get_legend().get_texts()] == ["validation", "test"]

@@ -122,7 +122,7 @@ def plot_seed_deltas(result: GroupResult):
     plt = pyplot()
 
     seeds = result.config.seeds
-    fig, ax = plt.subplots(figsize=(5, 3))
+    fig, ax = plt.subplots(figsize=(6, 3))
     x = np.arange(len(seeds))
     ax.bar(x - 0.2, [r["delta_val"] for r in result.per_seed], 0.4, label="validation")
     ax.bar(x + 0.2, [r["delta_test"] for r in result.per_seed], 0.4, label="test")
@@ -131,7 +131,7 @@ def plot_seed_deltas(result: GroupResult):
     ax.set_xlabel("seed")
     ax.set_ylabel("Spearman delta vs frozen cosine")
     ax.set_title(f"{result.config.task}: {result.config.adapter} ({result.config.control}, {result.config.target})")
-    ax.legend()
+    ax.legend(loc="upper left", bbox_to_anchor=(1.01, 1), fontsize=8, frameon=False)  # beside the bars, not on them
     fig.tight_layout()
     return fig
 
