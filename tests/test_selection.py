@@ -89,6 +89,18 @@ def test_leaderboard_order_and_markdown():
     assert to_markdown(leaderboard([])) == "(no trials)\n"
 
 
+def test_the_markdown_leaderboard_prints_counts_as_integers_and_small_rates_in_significant_digits():
+    """Tune reports every metric as a float: 5 positive seeds printed as 5.0000, and a learning rate of 0.000907 as
+    0.0009 beside 0.0015 (now 0.000907 and 0.001500: one column, one format)."""
+    rows = [{**_row(t, d, 5.0, g, n=5.0), "lr": lr, "width": 128.0, "adapter": "pair_gated"}
+            for t, d, g, lr in [("a", 0.0126, 0.715, 0.000907), ("b", 0.0123, 0.7325, 0.0015)]]
+    header, _, first, second = to_markdown(leaderboard(rows)).splitlines()
+    cells = dict(zip(header.strip("| ").split(" | "), first.strip("| ").split(" | ")))
+    assert cells == {"trial": "a", "delta_val_mean": "0.0126", "delta_val_positive": "5", "n_seeds": "5",
+                     "gamma": "0.7150", "lr": "0.000907", "width": "128", "adapter": "pair_gated"}
+    assert "| 0.001500 |" in second and "| nan |" not in second
+
+
 def test_grid_values_parse_as_json_scalars_or_strings():
     from sweeps.flags import parse_grid
 

@@ -86,13 +86,24 @@ def no_winner_reason(rows: Sequence[dict[str, Any]], tolerance: float = TRANSFER
                "pairs with --limit, or leave the task out with --transfer)" if unmeasured else "") + ".")
 
 
+def _float_format(column: pd.Series, digits: int) -> str:
+    """How a column's floats print: whole numbers as integers (seed counts and widths, which Tune reports as floats),
+    a column whose values all lie below 0.01 in two decimals more (learning rates: 0.0009 said little), else `digits`
+    decimals."""
+    nums = [float(v) for v in column if isinstance(v, float) and not math.isnan(v)]
+    if nums and all(v.is_integer() for v in nums):
+        return ".0f"
+    return f".{digits + 2}f" if nums and max(abs(v) for v in nums) < 0.01 else f".{digits}f"
+
+
 def to_markdown(df: pd.DataFrame, top: int | None = None, digits: int = 4) -> str:
     df = df.head(top) if top else df
     if df.empty:
         return "(no trials)\n"
     cols = list(df.columns)
+    specs = [_float_format(df[c], digits) for c in cols]
     lines = ["| " + " | ".join(cols) + " |", "|" + "---|" * len(cols)]
     for _, row in df.iterrows():
-        cells = [f"{v:.{digits}f}" if isinstance(v, float) else str(v) for v in row.tolist()]
+        cells = [format(v, spec) if isinstance(v, float) else str(v) for v, spec in zip(row.tolist(), specs)]
         lines.append("| " + " | ".join(cells) + " |")
     return "\n".join(lines) + "\n"
