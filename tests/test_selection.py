@@ -89,7 +89,7 @@ def test_leaderboard_order_and_markdown():
     assert to_markdown(leaderboard([])) == "(no trials)\n"
 
 
-def test_the_markdown_leaderboard_prints_counts_as_integers_and_small_rates_in_significant_digits():
+def test_the_markdown_leaderboard_prints_counts_as_integers_and_small_rates_with_more_decimals():
     """Tune reports every metric as a float: 5 positive seeds printed as 5.0000, and a learning rate of 0.000907 as
     0.0009 beside 0.0015 (now 0.000907 and 0.001500: one column, one format)."""
     rows = [{**_row(t, d, 5.0, g, n=5.0), "lr": lr, "width": 128.0, "adapter": "pair_gated"}
