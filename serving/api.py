@@ -34,18 +34,19 @@ def _docs_assets() -> str | None:
     return str(static) if (static / "swagger-ui-bundle.js").is_file() else None
 
 
+DOCS_ASSETS = _docs_assets()  # looked up once: the mount and every /docs request read it
 api = FastAPI(title="pair-adapter scorer", version="1", docs_url=None, redoc_url=None,
               description="Pair scoring and re-ranking with a pair-level adapter over frozen sentence embeddings. "
                           'Every error answers {"error": {"type", "message", "field"?}}.')
 errors.install(api)
 api.add_middleware(HotRoutes)  # POST /v1/score and the rerank routes past FastAPI's routing (serving/hot.py)
-if _docs_assets():  # Swagger UI from a package, not a CDN: /docs works without internet
-    api.mount("/docs-assets", StaticFiles(directory=_docs_assets()), name="docs-assets")
+if DOCS_ASSETS:  # Swagger UI from a package, not a CDN: /docs works without internet
+    api.mount("/docs-assets", StaticFiles(directory=DOCS_ASSETS), name="docs-assets")
 
 
 @api.get("/docs", include_in_schema=False)
 async def docs() -> HTMLResponse:
-    if not _docs_assets():
+    if not DOCS_ASSETS:
         return HTMLResponse("<p>Install fastapi-offline for the interactive docs; the spec is at "
                             "<a href='/openapi.json'>/openapi.json</a>.</p>")
     return get_swagger_ui_html(openapi_url="/openapi.json", title=api.title + " - docs",
