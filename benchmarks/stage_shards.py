@@ -30,7 +30,7 @@ from embed_lib.teacher.intermediate import warm_start
 def _stage(cfg, splits) -> tuple[dict, np.ndarray]:
     with tempfile.TemporaryDirectory(prefix="stage-shards-") as tmp:
         t0 = time.perf_counter()
-        folder, record = warm_start(cfg, splits["train"], Path(tmp), "cpu", lambda m: print(m, flush=True))
+        folder, record = warm_start(cfg, splits, Path(tmp), "cpu", lambda m: print(m, flush=True))
         wall = round(time.perf_counter() - t0, 1)
         val = splits["validation"]
         logits = recipe.predict(recipe.load(cfg, "cpu", start=folder), [[a, b] for a, b in zip(val.sentence1,

@@ -44,10 +44,10 @@ def main() -> None:
     splits = load_splits(args.task, ("train", "validation", "test"), os.environ.get("EMBED_DATA_DIR"))
     cfg = teacher_preset(args.preset)
     root = default_cache_dir()
-    stage = root / "teacher" / "intermediate" / stage_key(cfg, splits["train"])
+    stage = root / "teacher" / "intermediate" / stage_key(cfg, splits)
     if not stage.is_dir():  # the stage once, into the cache (untimed): both ways start from it
         print(f"no cached stage at {stage}: training it first (not timed)", flush=True)
-        warm_start(cfg, splits["train"], root / "teacher", "cpu", print)
+        warm_start(cfg, splits, root / "teacher", "cpu", print)
     out = {}
     for name, workers in (("one_after_another", 1), ("at_once", 0)):
         scores, record, wall = _run(splits, cfg, stage, workers)

@@ -263,13 +263,13 @@ def test_later_fields_enter_the_keys_only_when_set(tiny_splits):
     layers = dataclasses.replace(TINY, freeze_layers=3)
     assert len({teacher_key(c, tiny_splits) for c in (TINY, bf16, frozen, layers)}) == 4
     staged = TeacherConfig(intermediate="others")
-    stage_keys = {I.stage_key(c, tiny_splits["train"]) for c in
+    stage_keys = {I.stage_key(c, tiny_splits) for c in
                   (staged, dataclasses.replace(staged, precision="bf16"),
                    dataclasses.replace(staged, freeze_embeddings=True), dataclasses.replace(staged, freeze_layers=3))}
     assert len(stage_keys) == 4  # a stage trained in bf16, with frozen embeddings or frozen layers is another stage
     # the stage trains one epoch on one order, whatever the folds' epochs: the same stage
-    assert I.stage_key(dataclasses.replace(staged, epochs=3), tiny_splits["train"]) == I.stage_key(
-        staged, tiny_splits["train"])
+    assert I.stage_key(dataclasses.replace(staged, epochs=3), tiny_splits) == I.stage_key(
+        staged, tiny_splits)
     with pytest.raises(ValueError, match=r"TeacherConfig.precision='fp16'; give one of \['fp32', 'bf16'\]"):
         TeacherConfig(precision="fp16")
 
@@ -358,9 +358,77 @@ def test_an_isa_capped_below_bf16_is_no_native_bf16():
     assert out.stdout.strip() == "fp32"
 
 
+def _pairs_of(task, split, pairs):
+    from embed_lib.data.tasks import PairData
+    y = np.linspace(0, 1, len(pairs)).astype(np.float32)
+    return PairData(task, split, "made", split, False, [a for a, _ in pairs], [b for _, b in pairs], y, y,
+                    np.arange(len(pairs)))
+
+
+def test_the_stage_never_trains_on_a_pair_the_teacher_scores(tmp_path, monkeypatch):
+    """Tasks share pairs (STS-B's MSRpar pairs are MRPC pairs), and a user's file may hold a built-in task's: the
+    stage leaves out every pair of another task that is also a pair of any split the teacher scores, however it is
+    ordered, cased or spaced, so that the folds' scores stay held out and the teacher's test pairs unseen."""
+    stage = _pairs_of("mrpc", "train", [("A cat sits.", "A dog runs."), ("Stocks fell.", "Rain today."),
+                                        ("markets  DROPPED.", "stocks fell."), ("A cat sits.", "A bird sings."),
+                                        ("One.", "Two.")])
+    own = {"train": _pairs_of("mine", "train", [("a dog runs.", "A cat sits."), ("Three.", "Four.")]),
+           "validation": _pairs_of("mine", "validation", [("Five.", "Six.")]),
+           "test": _pairs_of("mine", "test", [("Stocks fell.", "Markets dropped.")])}
+    apart = {k: _pairs_of("mine", k, [("Seven.", "Eight.")]) for k in own}  # shares no pair with the stage
+    monkeypatch.setattr(I, "_splits", lambda cfg, o: {"mrpc": stage})
+    # rows 0 (the train pair, reversed and recased) and 2 (the test pair, respaced); a shared sentence is not a pair
+    assert {t: r.tolist() for t, r in I.left_out({"mrpc": stage}, own).items()} == {"mrpc": [0, 2]}
+    assert I.left_out({"mrpc": stage}, apart) == {}
+    pairs, y = I._sample({"mrpc": stage}, 10, 0, I.left_out({"mrpc": stage}, own))
+    assert sorted(map(tuple, pairs)) == [("A cat sits.", "A bird sings."), ("One.", "Two."),
+                                         ("Stocks fell.", "Rain today.")]
+    assert sorted(y.tolist()) == [0.25, 0.75, 1.0]
+    # with nothing left out, the seeded sample it always drew (stages cached before keep their keys and models)
+    rows = np.sort(np.random.default_rng(0).permutation(5)[:3])
+    assert I._sample({"mrpc": stage}, 3, 0, {})[0] == [[stage.sentence1[i], stage.sentence2[i]] for i in rows]
+    cfg = TeacherConfig(intermediate="mrpc", stage_shards=1)
+    other = {k: _pairs_of("mine", k, [("Nine.", "Ten.")]) for k in own}
+    # the task's own pairs enter the key only where they leave some out
+    assert I.stage_key(cfg, apart) == I.stage_key(cfg, other)
+    assert I.stage_key(cfg, own) != I.stage_key(cfg, apart)
+    assert I.stage_key(cfg, own) != I.stage_key(cfg, {**own, "test": apart["test"]})  # another pair left out
+    with pytest.raises(TypeError, match=r"needs every split the teacher scores, e\.g\. \{'train': \.\.\., "
+                                        r"'validation'.*got PairData"):
+        I.stage_key(cfg, own["train"])
+    # the stage trains on what is left, and its record and progress say what was left out
+    fitted = []
+
+    class Saved:
+        def save_pretrained(self, folder, safe_serialization):
+            Path(folder).mkdir(parents=True)
+
+    monkeypatch.setattr(I.recipe, "load", lambda cfg, device, seed: Saved())
+    monkeypatch.setattr(I.recipe, "fit", lambda ce, pairs, y, stage_cfg, seed, progress: fitted.append(pairs) or [])
+    said = []
+    folder, record = warm_start(cfg, own, tmp_path, "cpu", said.append)
+    assert sorted(map(tuple, fitted[0])) == sorted(map(tuple, pairs)) and record["pairs"] == 3
+    assert record["left_out"] == {"mrpc": 2} and json.loads((Path(folder) / "intermediate.json").read_text())[
+        "left_out"] == {"mrpc": 2}
+    assert "intermediate stage: left out 2 mrpc train pairs that are also mine pairs (the teacher scores them)" in said
+
+
+def test_the_stsb_teachers_stage_leaves_out_its_mrpc_pairs(data_dir, mirror_figures):
+    """On the mirror: 683 MRPC train pairs are STS-B pairs (454 of its train split, 110 of validation, 119 of test);
+    QQP's and PAWS's stages leave nothing out, and keep the keys they had."""
+    from embed_lib.teacher.config import teacher_preset
+
+    fast, stsb = teacher_preset("fast"), load_splits("stsb", data_dir=data_dir)
+    stage = I._splits(fast, stsb)
+    assert {t: len(r) for t, r in I.left_out(stage, stsb).items()} == {"mrpc": 683}
+    assert [len(I.left_out(stage, {k: d}).get("mrpc", [])) for k, d in stsb.items()] == [454, 110, 119]
+    qqp = load_splits("qqp", data_dir=data_dir)
+    assert I.left_out(I._splits(fast, qqp), qqp) == {}
+
+
 def test_a_real_intermediate_stage_round_trips_through_its_folder(tiny_splits, tmp_path):
     cfg = TeacherConfig(max_length=32, intermediate="mrpc", intermediate_pairs=100)
-    folder, record = warm_start(cfg, tiny_splits["train"], tmp_path, "cpu", lambda m: None)
+    folder, record = warm_start(cfg, tiny_splits, tmp_path, "cpu", lambda m: None)
     assert record["pairs"] == 100 and (Path(folder) / "intermediate.json").is_file()
     # no temporary folder left; the lock it was trained under stays (an empty file: a lock removed could be held twice)
     assert sorted(f.name for f in Path(folder).parent.iterdir()) == [Path(folder).name, Path(folder).name + ".lock"]
@@ -374,7 +442,7 @@ def test_a_real_intermediate_stage_round_trips_through_its_folder(tiny_splits, t
     assert not torch.equal(body(loaded[0]), body(recipe.load(cfg, "cpu")))  # the body trained, and was saved
     # its new head is drawn from the seed: another fresh cache trains the same stage, whatever the global random state
     torch.manual_seed(123)
-    again, _ = warm_start(cfg, tiny_splits["train"], tmp_path / "another", "cpu", lambda m: None)
+    again, _ = warm_start(cfg, tiny_splits, tmp_path / "another", "cpu", lambda m: None)
     np.testing.assert_array_equal(recipe.predict(recipe.load(cfg, "cpu", again), pairs, cfg),
                                   recipe.predict(loaded[0], pairs, cfg))
 
@@ -459,7 +527,7 @@ def test_processes_asking_at_once_for_one_teacher_train_it_once_and_the_others_w
     monkeypatch.setattr("embed_lib.teacher.intermediate._train_stage", stage)
     staged = TeacherConfig(max_length=32, intermediate="mrpc", intermediate_pairs=100)
     jobs = [lambda: teacher_scores(tiny_splits, TINY, tmp_path, compute=slow, progress=said.append),
-            lambda: warm_start(staged, tiny_splits["train"], tmp_path / "stage", "cpu", said.append)]
+            lambda: warm_start(staged, tiny_splits, tmp_path / "stage", "cpu", said.append)]
     for job in jobs:
         out = []
         threads = [threading.Thread(target=lambda: out.append(job())) for _ in range(2)]

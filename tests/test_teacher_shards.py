@@ -73,7 +73,7 @@ def test_the_shards_are_part_of_the_stage_and_the_fast_recipe(data_dir):
     assert fast.stage_shards == 2 and teacher_preset("light").stage_shards == 1
     d = load_splits("stsb", ("train",), data_dir=data_dir)["train"].subset(30)
     one = dataclasses.replace(fast, stage_shards=1)
-    assert I.stage_key(fast, d) != I.stage_key(one, d)
+    assert I.stage_key(fast, {"train": d}) != I.stage_key(one, {"train": d})
     assert teacher_key(fast, {"train": d}) != teacher_key(one, {"train": d})
     with pytest.raises(ValueError, match="stage_shards"):
         TeacherConfig(stage_shards=0)

@@ -85,7 +85,7 @@ def _train_served(splits: Mapping[str, PairData], cfg: TeacherConfig, s0: Mappin
     device = device or ("cuda" if torch.cuda.is_available() else "cpu")
     train, val, test = splits["train"], splits["validation"], splits["test"]
     t0 = time.perf_counter()
-    start, stage = warm_start(cfg, train, folder.parent.parent, device, progress)
+    start, stage = warm_start(cfg, splits, folder.parent.parent, device, progress)
     ce = recipe.load(cfg, device, start)
     curve: list[dict[str, float]] = []
     if not cfg.pretrained:

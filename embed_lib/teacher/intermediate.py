@@ -6,11 +6,13 @@ pass over the paraphrase pairs of other tasks (one epoch, one pair order) gives 
 has (`results/study_notes.md`: one model on all of STS-B train, test 0.818 -> 0.835).
 
 What it may read, so that the teacher's held-out scores stay held out: only the *train* split of each
-intermediate task, and never the teacher's own task (its train pairs are the folds' held-out pairs). The
-stage is cached under <cache>/teacher/intermediate/<key>/, keyed by the backbone, the recipe and the
-intermediate data's fingerprints, and shared by every fold, by presets of the same stage recipe (light and strong;
-fast trains its own: bf16, frozen word embeddings, two shards averaged every few steps, `teacher.shards`) and by the
-served teacher of a task.
+intermediate task, never the teacher's own task (its train pairs are the folds' held-out pairs), and none of the
+other tasks' pairs that are also a pair the teacher scores (`left_out`): tasks share pairs (454 of STS-B's train
+pairs, 110 of its validation and 119 of its test pairs are MRPC train pairs: STS-B's MSRpar part), and a user's
+file may hold a built-in task's pairs. The stage is cached under <cache>/teacher/intermediate/<key>/, keyed by the
+backbone, the recipe, the intermediate data's fingerprints and the rows left out, and shared by every fold, by
+presets of the same stage recipe (light and strong; fast trains its own: bf16, frozen word embeddings, two shards
+averaged every few steps, `teacher.shards`) and by the served teacher of a task.
 """
 from __future__ import annotations
 
@@ -23,7 +25,7 @@ import shutil
 import time
 import uuid
 from pathlib import Path
-from typing import TYPE_CHECKING, Any, Callable
+from typing import TYPE_CHECKING, Any, Callable, Mapping
 
 import numpy as np
 
@@ -59,18 +61,48 @@ def _train_split(name: str, data_dir: Path | None) -> PairData:
                          "--teacher-intermediate '' (TeacherConfig.intermediate='').") from exc
 
 
-def _splits(cfg: TeacherConfig, split: PairData) -> dict[str, PairData]:
-    """The stage's train splits for a teacher of `split`'s task, from where that task came from (the same
+def _own(own: Mapping[str, PairData], train: bool = True) -> PairData | None:
+    """The train split of the teacher's task, from the splits it scores (refusing one split alone: the pairs of its
+    validation and test splits must be left out of the stage too)."""
+    if not isinstance(own, Mapping) or (train and "train" not in own):
+        raise TypeError(f"the intermediate stage needs every split the teacher scores, e.g. {{'train': ..., "
+                        f"'validation': ..., 'test': ...}} (load_splits); got {type(own).__name__}.")
+    return own["train"] if train else None
+
+
+def _splits(cfg: TeacherConfig, own: Mapping[str, PairData]) -> dict[str, PairData]:
+    """The stage's train splits for a teacher of `own`'s task, from where that task came from (the same
     mirror; else $EMBED_DATA_DIR or the Hub)."""
+    split = _own(own)
     where = split.mirror_dir() or default_data_dir()  # resolved before the per-process cache of _train_split
     return {t: _train_split(t, where) for t in intermediate_tasks(cfg.intermediate, split.task)}
 
 
-def _sample(splits: dict[str, PairData], per_task: int, seed: int) -> tuple[list[list[str]], np.ndarray]:
-    """(pairs, labels): a seeded sample of at most `per_task` pairs of each split."""
+def _pair(a: str, b: str) -> tuple[str, str]:
+    """A pair as the same pair however it is ordered, cased or spaced."""
+    a, b = " ".join(a.split()).casefold(), " ".join(b.split()).casefold()
+    return (a, b) if a <= b else (b, a)
+
+
+def left_out(splits: Mapping[str, PairData], own: Mapping[str, PairData]) -> dict[str, np.ndarray]:
+    """Rows of each stage split (`splits`) whose pair is also a pair of the teacher's own splits (`own`: every
+    split it scores), however ordered, cased or spaced: the stage never trains on a pair the teacher then scores.
+    Only the splits with such rows."""
+    _own(own, train=False)
+    scored = {_pair(a, b) for d in own.values() for a, b in zip(d.sentence1, d.sentence2)}
+    out = {t: np.flatnonzero([_pair(a, b) in scored for a, b in zip(d.sentence1, d.sentence2)])
+           for t, d in splits.items()}
+    return {t: rows for t, rows in out.items() if len(rows)}
+
+
+def _sample(splits: dict[str, PairData], per_task: int, seed: int,
+            leave_out: Mapping[str, np.ndarray]) -> tuple[list[list[str]], np.ndarray]:
+    """(pairs, labels): a seeded sample of at most `per_task` pairs of each split, none of its `leave_out` rows
+    (a split with none samples as it did before pairs were left out)."""
     pairs, labels = [], []
-    for d in splits.values():
-        rows = np.sort(np.random.default_rng(seed).permutation(len(d))[:per_task])
+    for t, d in splits.items():
+        kept = np.setdiff1d(np.arange(len(d)), leave_out.get(t, []))
+        rows = np.sort(kept[np.random.default_rng(seed).permutation(len(kept))[:per_task]])
         pairs += [[d.sentence1[i], d.sentence2[i]] for i in rows]
         labels.append(d.label[rows])
     return pairs, np.concatenate(labels).astype(np.float32)
@@ -81,9 +113,11 @@ def stage_config(cfg: TeacherConfig) -> TeacherConfig:
     return dataclasses.replace(cfg, epochs=1, both_orders=False, batch_size=32, early_stopping_fraction=0.0)
 
 
-def stage_key(cfg: TeacherConfig, split: PairData) -> str | None:
-    """The cache key of the stage a teacher of `split`'s task starts from (the backbone, the recipe and the
-    intermediate data's fingerprints); None without a stage."""
+def stage_key(cfg: TeacherConfig, own: Mapping[str, PairData]) -> str | None:
+    """The cache key of the stage a teacher of `own`'s task starts from (the backbone, the recipe, the
+    intermediate data's fingerprints and the rows left out of it, where any are); None without a stage. `own`:
+    every split the teacher scores."""
+    _own(own)
     if not cfg.intermediate:
         return None
     recipe = dataclasses.asdict(stage_config(cfg))
@@ -92,7 +126,10 @@ def stage_key(cfg: TeacherConfig, split: PairData) -> str | None:
               + tuple(name for name in LATER_FIELDS if recipe[name] != LATER_FIELDS[name])}
     if cfg.stage_shards > 1:
         recipe["sync_every"] = shards.SYNC_EVERY
-    prints = {t: d.fingerprint for t, d in _splits(cfg, split).items()}
+    splits = _splits(cfg, own)
+    prints: dict[str, Any] = {t: d.fingerprint for t, d in splits.items()}
+    for t, rows in left_out(splits, own).items():  # a stage that leaves nothing out keeps its key (and cache)
+        prints[t] = {"data": prints[t], "left_out": hashlib.sha256(rows.astype(np.int64).tobytes()).hexdigest()[:16]}
     blob = json.dumps({"recipe": recipe, "data": prints, "version": 1}, sort_keys=True)
     return hashlib.sha256(blob.encode()).hexdigest()[:20]
 
@@ -119,12 +156,12 @@ def _running(pid: int) -> bool:
     return True
 
 
-def warm_start(cfg: TeacherConfig, split: PairData, cache_root: Path, device: str,
+def warm_start(cfg: TeacherConfig, own: Mapping[str, PairData], cache_root: Path, device: str,
                progress: Callable[[str], None]) -> tuple[str | None, dict[str, Any] | None]:
-    """(folder, record) of the stage for a teacher of `split`'s task, trained once and then read from the
-    cache; (None, None) without a stage. Its new head is drawn from cfg.seed, so that a stage is the same model in
-    every fresh cache (up to the rounding of another thread count)."""
-    key = stage_key(cfg, split)
+    """(folder, record) of the stage for a teacher of `own`'s task (every split it scores), trained once and then
+    read from the cache; (None, None) without a stage. Its new head is drawn from cfg.seed, so that a stage is the
+    same model in every fresh cache (up to the rounding of another thread count)."""
+    key = stage_key(cfg, own)
     if key is None:
         return None, None
     folder = cache_root / "intermediate" / key
@@ -133,15 +170,19 @@ def warm_start(cfg: TeacherConfig, split: PairData, cache_root: Path, device: st
     with one_at_a_time(folder, f"intermediate stage {key}", progress):
         if (folder / RECORD).is_file():  # made by a process this one waited for
             return str(folder), json.loads((folder / RECORD).read_text())
-        return _train_stage(cfg, split, folder, key, device, progress)
+        return _train_stage(cfg, own, folder, key, device, progress)
 
 
-def _train_stage(cfg: TeacherConfig, split: PairData, folder: Path, key: str, device: str,
+def _train_stage(cfg: TeacherConfig, own: Mapping[str, PairData], folder: Path, key: str, device: str,
                  progress: Callable[[str], None]) -> tuple[str, dict[str, Any]]:
-    splits = _splits(cfg, split)
-    pairs, y = _sample(splits, cfg.intermediate_pairs, cfg.seed)
+    splits = _splits(cfg, own)
+    leave_out = left_out(splits, own)
+    pairs, y = _sample(splits, cfg.intermediate_pairs, cfg.seed, leave_out)
     t0 = time.perf_counter()
     say = lambda m: progress(f"intermediate stage: {m}")  # noqa: E731
+    if leave_out:
+        say("left out " + ", ".join(f"{len(r)} {t} train pairs" for t, r in leave_out.items())
+            + f" that are also {_own(own).task} pairs (the teacher scores them)")
     tmp = own_folder(folder)
     if cfg.stage_shards > 1:
         curve, extra = shards.fit_shards(cfg, stage_config(cfg), pairs, y, device, tmp, say)
@@ -150,7 +191,8 @@ def _train_stage(cfg: TeacherConfig, split: PairData, folder: Path, key: str, de
         curve, extra = recipe.fit(ce, pairs, y, stage_config(cfg), cfg.seed, progress=say), {}
         ce.save_pretrained(str(tmp), safe_serialization=True)
     record = {"tasks": list(splits), "pairs": len(pairs), "fingerprints": {t: d.fingerprint for t, d in splits.items()},
-              "curve": curve, "seconds": round(time.perf_counter() - t0, 1), "key": key, **extra}
+              "left_out": {t: len(r) for t, r in leave_out.items()}, "curve": curve,
+              "seconds": round(time.perf_counter() - t0, 1), "key": key, **extra}
     (tmp / RECORD).write_text(json.dumps(record, indent=2))
     try:
         tmp.rename(folder)

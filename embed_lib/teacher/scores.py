@@ -63,7 +63,7 @@ def teacher_key(cfg: TeacherConfig, splits: Mapping[str, PairData]) -> str:
         if config[name] == default:
             del config[name]
     if cfg.intermediate:
-        config["intermediate_key"] = stage_key(cfg, splits["train"])
+        config["intermediate_key"] = stage_key(cfg, splits)
     blob = json.dumps({"teacher": config, "version": 2,
                        "data": {k: v.fingerprint for k, v in sorted(splits.items())}}, sort_keys=True)
     return hashlib.sha256(blob.encode()).hexdigest()[:20]
@@ -208,7 +208,7 @@ def _train(splits: Mapping[str, PairData], cfg: TeacherConfig, root: Path, key: 
         ce = recipe.load(cfg, device)
         scores = {name: recipe.predict(ce, _pairs(d), cfg) for name, d in splits.items()}
     else:
-        start, record["intermediate"] = warm_start(cfg, splits["train"], root, device, progress)
+        start, record["intermediate"] = warm_start(cfg, splits, root, device, progress)
         scores = _cross_fit(splits, cfg, device, start, record, progress, fold_workers)
     _refuse_non_finite(scores, cfg)
     for name, d in splits.items():
