@@ -61,13 +61,21 @@ def _train_split(name: str, data_dir: Path | None) -> PairData:
                          "--teacher-intermediate '' (TeacherConfig.intermediate='').") from exc
 
 
-def _own(own: Mapping[str, PairData], train: bool = True) -> PairData | None:
-    """The train split of the teacher's task, from the splits it scores (refusing one split alone: the pairs of its
+def _scored(own: Mapping[str, PairData]) -> Mapping[str, PairData]:
+    """`own` as given, when it is the splits the teacher scores (one split alone is refused: the pairs of its
     validation and test splits must be left out of the stage too)."""
-    if not isinstance(own, Mapping) or (train and "train" not in own):
+    if not isinstance(own, Mapping):
         raise TypeError(f"the intermediate stage needs every split the teacher scores, e.g. {{'train': ..., "
                         f"'validation': ..., 'test': ...}} (load_splits); got {type(own).__name__}.")
-    return own["train"] if train else None
+    return own
+
+
+def _own(own: Mapping[str, PairData]) -> PairData:
+    """The train split of the teacher's task, from the splits it scores."""
+    if "train" not in _scored(own):
+        raise TypeError(f"the intermediate stage needs every split the teacher scores, its train split among them; "
+                        f"got the splits {sorted(own)}.")
+    return own["train"]
 
 
 def _splits(cfg: TeacherConfig, own: Mapping[str, PairData]) -> dict[str, PairData]:
@@ -88,8 +96,7 @@ def left_out(splits: Mapping[str, PairData], own: Mapping[str, PairData]) -> dic
     """Rows of each stage split (`splits`) whose pair is also a pair of the teacher's own splits (`own`: every
     split it scores), however ordered, cased or spaced: the stage never trains on a pair the teacher then scores.
     Only the splits with such rows."""
-    _own(own, train=False)
-    scored = {_pair(a, b) for d in own.values() for a, b in zip(d.sentence1, d.sentence2)}
+    scored = {_pair(a, b) for d in _scored(own).values() for a, b in zip(d.sentence1, d.sentence2)}
     out = {t: np.flatnonzero([_pair(a, b) in scored for a, b in zip(d.sentence1, d.sentence2)])
            for t, d in splits.items()}
     return {t: rows for t, rows in out.items() if len(rows)}
