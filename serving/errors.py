@@ -82,8 +82,69 @@ async def _invalid(request: Request, exc: RequestValidationError) -> JSONRespons
         sent = f"as {media!r}" if media else "without a Content-Type"
         return error_response(415, f"The request body was sent {sent}; send it as JSON with Content-Type: "
                                    "application/json (curl: -H 'content-type: application/json').", "body")
-    messages = [f"{_location(e['loc'])}: {e['msg']}" for e in errors]
-    return error_response(422, "; ".join(messages) + _other_route(request, errors), _location(first["loc"]))
+    errors = _unions(errors) or [first]
+    first = errors[0]
+    messages = list(dict.fromkeys(_message(e) for e in errors))  # a pair missing both texts is said once
+    field = _location(first["loc"][:3] if _pair_shape(first) else first["loc"])
+    return error_response(422, "; ".join(messages) + _other_route(request, errors), field)
+
+
+#: pydantic's tag for each member of a union in an error's loc (text_1: str | list[str]) and what JSON calls it
+_MEMBERS = {"str": "a string", "list[str]": "a list of strings", "dict[str,str]": "an object of strings"}
+_KINDS = {str: "a string", list: "a list", dict: "an object", type(None): "null", bool: "true or false"}
+
+
+def _unions(errors: list[dict[str, Any]]) -> list[dict[str, Any]]:
+    """A value refused by every member of a union gets one error per member, each under the member's tag
+    (`text_1.list[str][1]`). Where a member took the value's outer type, its errors stand, without the tag; where
+    none did, one error names what the field takes."""
+    def tag(e):
+        return next((i for i, part in enumerate(e["loc"]) if part in _MEMBERS), None)
+
+    out, groups = [], {}
+    for e in errors:
+        i = tag(e)
+        if i is None:
+            out.append(e)
+        else:
+            groups.setdefault(tuple(e["loc"][:i]), []).append((i, e))
+    for prefix, members in groups.items():
+        inner = [dict(e, loc=prefix + tuple(e["loc"][i + 1:])) for i, e in members if len(e["loc"]) > i + 1]
+        if inner:
+            out.extend(inner)
+        else:
+            given = members[0][1].get("input")
+            took = " or ".join(_MEMBERS[e["loc"][i]] for i, e in members)
+            out.append({"loc": prefix, "type": "union", "input": given,
+                        "msg": f"should be {took} (got {_KINDS.get(type(given), 'a number')})"})
+    return out
+
+
+_PAIR = 'each pair is a list of two texts, ["text a", "text b"]'
+
+
+def _pair_shape(e: dict[str, Any]) -> bool:
+    """An error about the shape of `pairs` or of one pair (not about a text in it): JSON has no tuples, so
+    pydantic's own words ("a valid tuple", "Field required" at pairs[0][1]) do not tell a client what to send."""
+    loc = tuple(part for part in e.get("loc", ()) if part != "body")
+    return bool(loc) and loc[0] == "pairs" and (
+        (len(loc) == 1 and e.get("type") == "list_type") or (len(loc) == 2 and e.get("type") in (
+            "tuple_type", "too_long")) or (len(loc) == 3 and e.get("type") == "missing"))
+
+
+def _message(e: dict[str, Any]) -> str:
+    if not _pair_shape(e):
+        return f"{_location(e['loc'])}: {e['msg']}"
+    loc, given = [part for part in e["loc"] if part != "body"], e.get("input")
+    if e["type"] == "too_long":
+        got = f"it has {(e.get('ctx') or {}).get('actual_length', 'more than 2')}"
+    elif isinstance(given, list):
+        got = f"it has {len(given)}"
+    else:  # what JSON calls the value sent
+        got = "got " + ("one string" if isinstance(given, str) else _KINDS.get(type(given), "a number"))
+    if len(loc) == 1:
+        return f'pairs: a list of pairs, [["text a", "text b"], ...] ({got}).'
+    return f"{_location(loc[:2])}: {_PAIR} ({got})."
 
 
 def _other_route(request: Request, errors: list[dict[str, Any]]) -> str:

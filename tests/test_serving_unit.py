@@ -232,6 +232,52 @@ def test_cohere_documents_as_objects_and_rank_fields():
         RerankRequest(query="q", documents=docs, rank_fields=["title", "text"]).texts()
 
 
+def test_a_malformed_pair_or_union_value_is_named_in_json_terms():
+    """Pydantic speaks of tuples ("Input should be a valid tuple", "Field required" at pairs[0][1]) and tags a
+    union's members in the location (text_1.list[str][1]); a client sent JSON and reads what to send instead."""
+    from fastapi import FastAPI
+    from fastapi.testclient import TestClient
+
+    from serving import errors
+    from serving.schemas import RerankRequest, ScoreRequest
+
+    app = FastAPI()
+    errors.install(app)
+
+    async def score(body):
+        return {}
+
+    async def rerank(body):
+        return {}
+
+    score.__annotations__, rerank.__annotations__ = {"body": ScoreRequest}, {"body": RerankRequest}
+    app.post("/score")(score)
+    app.post("/rerank")(rerank)
+    client = TestClient(app, raise_server_exceptions=False)
+    pair = 'each pair is a list of two texts, ["text a", "text b"]'
+    cases = [
+        ("/score", {"pairs": [["a", "b"], ["c"]]}, f"pairs[1]: {pair} (it has 1).", "pairs[1]"),
+        ("/score", {"pairs": [[]]}, f"pairs[0]: {pair} (it has 0).", "pairs[0]"),  # said once, not per text
+        ("/score", {"pairs": [["a", "b", "c"]]}, f"pairs[0]: {pair} (it has 3).", "pairs[0]"),
+        ("/score", {"pairs": ["a b"]}, f"pairs[0]: {pair} (got one string).", "pairs[0]"),
+        ("/score", {"pairs": [None]}, f"pairs[0]: {pair} (got null).", "pairs[0]"),
+        ("/score", {"pairs": {"a": "b"}}, 'pairs: a list of pairs, [["text a", "text b"], ...] (got an object).',
+         "pairs"),
+        ("/score", {"pairs": [["a", 3]]}, "pairs[0][1]: Input should be a valid string", "pairs[0][1]"),
+        ("/score", {"text_1": 3, "text_2": "b"}, "text_1: should be a string or a list of strings (got a number)",
+         "text_1"),
+        ("/score", {"text_1": ["a", 3], "text_2": "b"}, "text_1[1]: Input should be a valid string", "text_1[1]"),
+        ("/rerank", {"query": "q", "documents": ["d", True]},
+         "documents[1]: should be a string or an object of strings (got true or false)", "documents[1]"),
+        ("/rerank", {"query": "q", "documents": [{"text": 3}]}, "documents[0].text: Input should be a valid string",
+         "documents[0].text"),
+    ]
+    for path, body, message, field in cases:
+        r = client.post(path, json=body)
+        assert r.status_code == 422 and r.json()["error"] == {"type": "invalid_request", "message": message,
+                                                              "field": field}, (body, r.json())
+
+
 def test_one_error_shape_for_every_failure():
     """Through the FastAPI app (no Serve): validation, parse failures, unknown routes and methods, and an
     unexpected exception all answer {"error": {"type", "message", "field"?}}."""
