@@ -33,9 +33,12 @@ def test_rule_rejects_a_trial_that_harms_a_transfer_task_on_one_seed():
     assert rule_failures(safe) == []
     assert select_winner([harmful, safe], tolerance=0.002)["trial"] == "harmful"  # the tolerance is named
     assert select_winner([harmful]) is None
-    assert no_winner_reason([harmful]) == ("No configuration passes the winner rule: 0 of 1 are not positive on "
-                                           "every validation seed, 1 of 1 harm a transfer task by more than 0.001 "
-                                           "on some seed.")
+    assert no_winner_reason([harmful]) == ("No configuration passes the winner rule; of the 1 that completed, 1 "
+                                           "harm a transfer task by more than 0.001 on some seed (paws: 1).")
+    two = [harmful, _with_transfer(_row("both", 0.01, 4, 0.1), {"mrpc": [-0.002] * 5, "paws": [-0.003] * 5})]
+    assert no_winner_reason(two) == ("No configuration passes the winner rule; of the 2 that completed, 1 have a "
+                                     "seed whose validation delta is not positive, 2 harm a transfer task by more "
+                                     "than 0.001 on some seed (paws: 2, mrpc: 1).")
 
 
 def test_rule_refuses_a_transfer_check_that_could_not_be_measured():
@@ -49,8 +52,8 @@ def test_rule_refuses_a_transfer_check_that_could_not_be_measured():
     assert select_winner([unmeasured]) is None
     (why,) = rule_failures(unmeasured)
     assert why.startswith("transfer delta not measurable (NaN) on paws:") and "--limit" in why and "--transfer" in why
-    assert no_winner_reason([unmeasured]).endswith(
-        "0 of 1 harm a transfer task by more than 0.001 on some seed, 1 of 1 have a transfer check that could not be "
+    assert no_winner_reason([unmeasured]) == (
+        "No configuration passes the winner rule; of the 1 that completed, 1 have a transfer check that could not be "
         "measured (NaN: give more pairs with --limit, or leave the task out with --transfer).")
 
 

@@ -3,10 +3,11 @@
 A configuration "wins" only if (1) its validation delta is positive on every seed and (2) it does no harm
 elsewhere: on every transfer check (another task's validation pairs unseen in training, and its whole validation
 split where some pairs share a sentence with train; for duplicate questions also their re-ranking,
-`embed_lib.training.retrieval.RetrievalCheck`) every seed's delta (Spearman, or nDCG@10) is >= -tolerance. Among those the best mean validation delta wins, and near-ties (within
-`tie`) go to the smaller gamma. Test is never read here. Every split is scored as the service scores it: a sentence
-that also occurs in train has the novelty gate's own familiarity (its own nearest neighbour), not the leave-one-out
-familiarity training reads (`embed_lib.training.tensors.StudyData.familiarity`).
+`embed_lib.training.retrieval.RetrievalCheck`) every seed's delta (Spearman, or nDCG@10) is >= -tolerance.
+Among those the best mean validation delta wins, and near-ties (within `tie`) go to the smaller gamma. Test is
+never read here. Every split is scored as the service scores it: a sentence that also occurs in train has the
+novelty gate's own familiarity (its own nearest neighbour), not the leave-one-out familiarity training reads
+(`embed_lib.training.tensors.StudyData.familiarity`).
 """
 from __future__ import annotations
 
@@ -73,17 +74,26 @@ def rule_text(tolerance: float = TRANSFER_TOLERANCE) -> str:
 
 
 def no_winner_reason(rows: Sequence[dict[str, Any]], tolerance: float = TRANSFER_TOLERANCE) -> str:
-    """One sentence: how many configurations failed which part of the rule."""
+    """One sentence: how many of the configurations that completed failed which part of the rule (only the parts
+    some failed), and on which transfer tasks."""
     if not rows:
         return "No configuration completed."
     fails = [rule_failures(r, tolerance) for r in rows]
     val = sum(any(f.startswith("validation") for f in fs) for fs in fails)
     unmeasured = sum(any(f.startswith(UNMEASURED) for f in fs) for fs in fails)
     harm = sum(any(f.startswith("transfer") and not f.startswith(UNMEASURED) for f in fs) for fs in fails)
-    return (f"No configuration passes the winner rule: {val} of {len(rows)} are not positive on every validation "
-            f"seed, {harm} of {len(rows)} harm a transfer task by more than {tolerance:g} on some seed"
-            + (f", {unmeasured} of {len(rows)} have a transfer check that could not be measured (NaN: give more "
-               "pairs with --limit, or leave the task out with --transfer)" if unmeasured else "") + ".")
+    tasks: dict[str, int] = {}
+    for r in rows:
+        for k, v in r.items():
+            if k.startswith("transfer/") and k.endswith("/delta_min") and math.isfinite(v) and v < -tolerance:
+                tasks[k.split("/")[1]] = tasks.get(k.split("/")[1], 0) + 1
+    where = ", ".join(f"{t}: {n}" for t, n in sorted(tasks.items(), key=lambda kv: (-kv[1], kv[0])))
+    parts = [f"{val} have a seed whose validation delta is not positive" if val else "",
+             f"{harm} harm a transfer task by more than {tolerance:g} on some seed ({where})" if harm else "",
+             f"{unmeasured} have a transfer check that could not be measured (NaN: give more pairs with --limit, or "
+             "leave the task out with --transfer)" if unmeasured else ""]
+    return (f"No configuration passes the winner rule; of the {len(rows)} that completed, "
+            + ", ".join(p for p in parts if p) + ".")
 
 
 def _float_format(column: pd.Series, digits: int) -> str:
