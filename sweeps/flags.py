@@ -87,8 +87,12 @@ def add_sweep_args(p, *, default_samples: int) -> None:
     p.add_argument("--no-start-points", action="store_true",
                    help="let Optuna start from random proposals instead of the entry script's START_POINTS")
     p.add_argument("--seeds", type=int_at_least(1), default=5, help="seeds per configuration (default 5)")
-    p.add_argument("--seed", type=int, default=0, action=_Given, help="Optuna sampler seed")
-    p.add_argument("--max-concurrent", type=int_at_least(1), default=2, help="trials at once (default 2)")
+    p.add_argument("--seed", type=int, default=0, action=_Given,
+                   help="Optuna sampler seed (the same seed repeats a sweep exactly with --max-concurrent 1)")
+    p.add_argument("--max-concurrent", type=int_at_least(1), default=2,
+                   help="trials at once (default 2). With several, Optuna proposes from the results in hand and ASHA "
+                        "stops a trial by the rungs reported so far, so a rerun may try other configurations and pick "
+                        "another winner; 1 repeats a sweep exactly, in about twice the trials' time on 2 CPUs")
     p.add_argument("--cpus-per-trial", type=float_above(0), default=1.0, help="CPUs per trial (fractions allowed; "
                                                                                "default 1.0)")
     p.add_argument("--gpus-per-trial", type=float_above(0, inclusive=True), default=0.0,

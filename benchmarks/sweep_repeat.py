@@ -1,0 +1,80 @@
+"""Is a sweep repeatable? The same sweep run again, with one trial at a time and with several, side by side.
+
+    .venv/bin/python benchmarks/sweep_repeat.py [--task stsb] [--runs 2] [--concurrency 1,2] [--num-samples 32]
+
+Runs `sweeps/pair_residual.py --task TASK --max-concurrent C` `--runs` times for each C, one after another, each with
+a store and Tune results of its own (a temporary directory) and this clone's cache (run `make run` first: with the
+embeddings and teacher cached a run takes 2-3 minutes). For each C: every run's winner (form, target, gamma, its
+validation and test delta) and trial seconds, how many distinct winners, and how many of the first run's trials
+(configuration and mean validation delta) every other run repeated. Each trial's result is seeded; what can differ
+is which configurations are tried: Optuna proposes from the results in hand and ASHA stops a trial by the rungs
+reported so far, so with several trials at once the order in which they finish steers the sweep.
+Writes results/benchmarks/sweep_repeat.json.
+"""
+from __future__ import annotations
+
+import argparse
+import json
+import re
+import subprocess
+import sys
+import tempfile
+
+from benchmarks._common import REPO, write_results
+
+WINNER = re.compile(r"^winner \w+ \((?P<form>[\w_]+), target (?P<target>\w+), gamma (?P<gamma>[\d.]+).*?val delta "
+                    r"(?P<val>[+-][\d.]+).*?test delta (?P<test>[+-][\d.]+)", re.M)
+
+
+def _trials(uri: str, task: str) -> set[str]:
+    """Every trial of the sweep in store `uri`: its configuration and mean validation delta, as one string each."""
+    import mlflow
+
+    mlflow.set_tracking_uri(uri)
+    runs = mlflow.search_runs(experiment_names=[f"sweep-{task}"], filter_string="tags.trial_id != ''",
+                              output_format="list")
+    return {json.dumps([sorted(r.data.params.items()), round(r.data.metrics.get("delta_val_mean", float("nan")), 5)])
+            for r in runs}
+
+
+def _run(task: str, concurrency: int, samples: int) -> dict:
+    with tempfile.TemporaryDirectory(prefix="sweep-repeat-") as tmp:
+        uri = f"sqlite:///{tmp}/mlflow.db"
+        cmd = [sys.executable, "sweeps/pair_residual.py", "--task", task, "--max-concurrent", str(concurrency),
+               "--num-samples", str(samples), "--tracking-uri", uri, "--storage-path", f"{tmp}/ray_results"]
+        out = subprocess.run(cmd, cwd=REPO, capture_output=True, text=True)
+        if out.returncode:
+            raise SystemExit(f"{' '.join(cmd)} failed ({out.returncode}):\n{out.stdout[-3000:]}{out.stderr[-3000:]}")
+        summary = json.loads(next(ln for ln in reversed(out.stdout.splitlines()) if ln.startswith("{")))
+        w = WINNER.search(out.stdout)
+        winner = ({"form": w["form"], "target": w["target"], "gamma": float(w["gamma"]),
+                   "winner_val": float(w["val"]), "winner_test": float(w["test"])} if w else None)
+        return {"winner": winner, "trials_s": summary["stages"]["trials_s"], "complete": summary["complete"],
+                "stopped_early": summary["stopped_early"], "trials": _trials(uri, task)}
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    ap.add_argument("--task", default="stsb")
+    ap.add_argument("--runs", type=int, default=2)
+    ap.add_argument("--concurrency", default="1,2", help="comma list of --max-concurrent values")
+    ap.add_argument("--num-samples", type=int, default=32)
+    args = ap.parse_args()
+    figures: dict = {"task": args.task, "num_samples": args.num_samples, "runs_each": args.runs, "by_concurrency": {}}
+    for c in (int(v) for v in args.concurrency.split(",")):
+        runs = []
+        for i in range(args.runs):
+            runs.append(_run(args.task, c, args.num_samples))
+            print(f"max_concurrent {c}, run {i + 1}: {runs[-1]['winner']}, trials {runs[-1]['trials_s']} s", flush=True)
+        first = runs[0]["trials"]
+        winners = {json.dumps(r["winner"], sort_keys=True) for r in runs}
+        figures["by_concurrency"][str(c)] = {
+            "runs": [{k: v for k, v in r.items() if k != "trials"} for r in runs],
+            "trials": len(first), "distinct_winners": len(winners),
+            "trials_repeated_min": min(len(first & r["trials"]) for r in runs[1:]) if len(runs) > 1 else None,
+            "identical": len(runs) > 1 and all(r["trials"] == first for r in runs[1:])}
+    write_results("sweep_repeat", figures)
+
+
+if __name__ == "__main__":
+    main()
