@@ -62,10 +62,31 @@ def pinned_uri(model_uri: str, tracking_uri: str | None) -> str:
         raise ValueError(f"Cannot load {model_uri!r} from MLflow ({store or 'default tracking URI'}): "
                          f"{str(exc).rstrip('.')}. Check {field} (models:/<name>@<alias>) and tracking_uri; "
                          f"{made_by} in this clone's store, and `python -m embed_lib registry --name <name>` lists "
-                         "what a store has.") from exc
+                         f"what a store has.{_no_winner(model_uri, store)}") from exc
     if info.get("alias") and info.get("version"):
         return f"models:/{info['name']}/{info['version']}"
     return model_uri
+
+
+def _no_winner(model_uri: str, store: str | None) -> str:
+    """Where the task's last sweep in the store ended without a winner (`make run TASK=qqp` ran, and nothing passed
+    the rule): that sweep and its reason, else "". Best effort: a store that cannot say gives ""."""
+    m = re.fullmatch(r"models:/pair-residual-([^/@]+)(?:@[^/]+|/\d+)", model_uri)
+    if not m or not store:
+        return ""
+    try:
+        require_store(store)  # a store that is not there is not made by asking it
+        client = mlflow.MlflowClient(store)
+        exp = client.get_experiment_by_name(f"sweep-{m[1]}")
+        runs = client.search_runs([exp.experiment_id], f"tags.task = '{m[1]}' and tags.winner != ''",
+                                  order_by=["attributes.start_time DESC"], max_results=1) if exp else []
+    except Exception:  # noqa: BLE001 -- the error being raised says what matters; this only adds to it
+        return ""
+    if not runs or runs[0].data.tags.get("winner") != "none":
+        return ""
+    reason = runs[0].data.tags.get("no_winner_reason", "").removesuffix(" Nothing registered.").rstrip(".")
+    return (f" The last sweep of {m[1]} here (experiment 'sweep-{m[1]}', run {runs[0].info.run_id}) registered "
+            f"nothing: {reason}.")
 
 
 def resolve_manifest(model_uri: str, tracking_uri: str | None, requested: str | None = None) -> dict[str, Any]:

@@ -148,10 +148,23 @@ def test_serving_a_champion_from_a_store_without_it_names_the_store_and_how_to_r
                                          r"clone's store"):
         pinned_uri("models:/pair-residual-stsb@champion", missing)
     assert not any((tmp_path / "none").iterdir())  # no empty store made
-    uri, _ = store  # a store without the model
+    uri, client = store  # a store without the model
     with pytest.raises(ValueError, match=r"name=pair-residual-stsb not found\. Check model_uri .* `python -m embed_lib "
                                          r"registry --name <name>` lists what a store has"):
         pinned_uri("models:/pair-residual-stsb@champion", uri)
+    # `make run TASK=qqp` ran and nothing passed the rule: the error says so, with that sweep's reason
+    reason = "No configuration passes the winner rule; of the 2 that completed, 2 harm a transfer task (qqp: 2)."
+    exp = client.create_experiment("sweep-qqp")
+    client.create_run(exp, start_time=1000, tags={"task": "qqp", "winner": "abc123"})  # an earlier sweep
+    tags = {"task": "qqp", "winner": "none", "no_winner_reason": reason + " Nothing registered."}
+    last = client.create_run(exp, start_time=2000, tags=tags).info.run_id
+    with pytest.raises(ValueError) as e:
+        pinned_uri("models:/pair-residual-qqp@champion", uri)
+    assert str(e.value).endswith(f"lists what a store has. The last sweep of qqp here (experiment 'sweep-qqp', run "
+                                 f"{last}) registered nothing: {reason}"), str(e.value)
+    client.create_run(exp, start_time=3000, tags={"task": "qqp", "winner": "def456"})  # a later one registered
+    with pytest.raises(ValueError, match=r"lists what a store has\.$"):
+        pinned_uri("models:/pair-residual-qqp@champion", uri)
     # a served cross-encoder (the cascade's) is registered by `make teacher`, not `make run`
     with pytest.raises(ValueError, match=r"name=cross-encoder-stsb not found\. Check cross_encoder .* `make teacher "
                                          r"TASK=<task>` registers models:/cross-encoder-<task>@current in this clone"):
