@@ -36,13 +36,18 @@ def leaderboard(rows: Sequence[dict[str, Any]]) -> pd.DataFrame:
     return df[cols].sort_values("delta_val_mean", ascending=False, kind="stable").reset_index(drop=True)
 
 
+def _worst_by_task(row: dict[str, Any]) -> dict[str, float]:
+    """Each transfer task's worst seed delta in a row: {"paws": -0.0015, ...}."""
+    return {k.split("/")[1]: v for k, v in row.items() if k.startswith("transfer/") and k.endswith("/delta_min")}
+
+
 def rule_failures(row: dict[str, Any], tolerance: float = TRANSFER_TOLERANCE) -> list[str]:
     """Why a row may not win (empty: eligible)."""
     why = []
     if not (row.get("n_seeds", 0) > 0 and row.get("delta_val_positive", 0) == row.get("n_seeds", -1)):
         why.append(f"validation delta positive on {row.get('delta_val_positive', 0)}/{row.get('n_seeds', 0)} seeds")
     worst = row.get("transfer_delta_min")
-    per_task = {k.split("/")[1]: v for k, v in row.items() if k.startswith("transfer/") and k.endswith("/delta_min")}
+    per_task = _worst_by_task(row)
     unmeasured = sorted(t for t, v in per_task.items() if not math.isfinite(v))
     if unmeasured or (worst is not None and not math.isfinite(worst)):
         # NaN compares False with everything: left to the comparison below, an unmeasurable check would pass
@@ -84,9 +89,9 @@ def no_winner_reason(rows: Sequence[dict[str, Any]], tolerance: float = TRANSFER
     harm = sum(any(f.startswith("transfer") and not f.startswith(UNMEASURED) for f in fs) for fs in fails)
     tasks: dict[str, int] = {}
     for r in rows:
-        for k, v in r.items():
-            if k.startswith("transfer/") and k.endswith("/delta_min") and math.isfinite(v) and v < -tolerance:
-                tasks[k.split("/")[1]] = tasks.get(k.split("/")[1], 0) + 1
+        for task, v in _worst_by_task(r).items():
+            if math.isfinite(v) and v < -tolerance:
+                tasks[task] = tasks.get(task, 0) + 1
     where = ", ".join(f"{t}: {n}" for t, n in sorted(tasks.items(), key=lambda kv: (-kv[1], kv[0])))
     parts = [f"{val} have a seed whose validation delta is not positive" if val else "",
              f"{harm} harm a transfer task by more than {tolerance:g} on some seed ({where})" if harm else "",
