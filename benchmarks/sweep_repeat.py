@@ -37,20 +37,28 @@ def _trials(uri: str, task: str) -> set[str]:
             for r in runs}
 
 
-def _run(task: str, concurrency: int, samples: int) -> dict:
+def run_sweep(task: str, concurrency: int, samples: int | None, extra: tuple[str, ...] = ()) -> dict:
+    """One sweep with a store and Tune results of its own (`samples` None: no --num-samples, as a grid takes none):
+    its winner (None: its `reason`), trial seconds, and its trials (`_trials`)."""
     with tempfile.TemporaryDirectory(prefix="sweep-repeat-") as tmp:
         uri = f"sqlite:///{tmp}/mlflow.db"
         cmd = [sys.executable, "sweeps/pair_residual.py", "--task", task, "--max-concurrent", str(concurrency),
-               "--num-samples", str(samples), "--tracking-uri", uri, "--storage-path", f"{tmp}/ray_results"]
+               *(("--num-samples", str(samples)) if samples else ()), "--tracking-uri", uri, "--storage-path",
+               f"{tmp}/ray_results", *extra]
         out = subprocess.run(cmd, cwd=REPO, capture_output=True, text=True)
         if out.returncode:
             raise SystemExit(f"{' '.join(cmd)} failed ({out.returncode}):\n{out.stdout[-3000:]}{out.stderr[-3000:]}")
         summary = json.loads(next(ln for ln in reversed(out.stdout.splitlines()) if ln.startswith("{")))
         w = WINNER.search(out.stdout)
+        line = w.group(0) + out.stdout[w.end():].split("\n", 1)[0] if w else ""
+        per_task = line.split("per task:", 1)[-1].split(";", 1)[0] if "per task:" in line else ""
         winner = ({"form": w["form"], "target": w["target"], "gamma": float(w["gamma"]),
-                   "winner_val": float(w["val"]), "winner_test": float(w["test"])} if w else None)
-        return {"winner": winner, "trials_s": summary["stages"]["trials_s"], "complete": summary["complete"],
-                "stopped_early": summary["stopped_early"], "trials": _trials(uri, task)}
+                   "winner_val": float(w["val"]), "winner_test": float(w["test"]), "line": line,
+                   "transfer_min_by_task": {t: float(v) for t, v in re.findall(r"(\S+) ([+-]\d+\.\d+)", per_task)}}
+                  if w else None)
+        return {"winner": winner, "reason": summary.get("reason"), "trials_s": summary["stages"]["trials_s"],
+                "complete": summary["complete"], "stopped_early": summary["stopped_early"],
+                "trials": _trials(uri, task)}
 
 
 def main() -> None:
@@ -64,7 +72,7 @@ def main() -> None:
     for c in (int(v) for v in args.concurrency.split(",")):
         runs = []
         for i in range(args.runs):
-            runs.append(_run(args.task, c, args.num_samples))
+            runs.append(run_sweep(args.task, c, args.num_samples))
             print(f"max_concurrent {c}, run {i + 1}: {runs[-1]['winner']}, trials {runs[-1]['trials_s']} s", flush=True)
         first = runs[0]["trials"]
         winners = {json.dumps(r["winner"], sort_keys=True) for r in runs}
