@@ -11,6 +11,8 @@ Writes results/benchmarks/qqp_rule.json.
 """
 from __future__ import annotations
 
+import argparse
+
 from benchmarks._common import write_results
 from benchmarks.sweep_repeat import run_sweep
 
@@ -19,8 +21,11 @@ GRID = ("--search", "grid", "--grid", "adapter=pair_gated", "--grid", "target=ce
 
 
 def main() -> None:
+    ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    ap.add_argument("--num-samples", type=int, default=32, help="the default sweep's Optuna samples (make run's: 32)")
+    args = ap.parse_args()
     figures = {}
-    for name, samples, extra in (("default", 32, ()), ("grid", None, GRID)):
+    for name, samples, extra in (("default", args.num_samples, ()), ("grid", None, GRID)):
         out = run_sweep("qqp", 2, samples, extra)
         figures[name] = {"sweep_args": " ".join(extra), **{k: v for k, v in out.items() if k != "trials"}}
         print(f"{name}: {out['winner'] or out['reason']}", flush=True)
