@@ -23,15 +23,17 @@ import tempfile
 from benchmarks._common import REPO, write_results
 
 WINNER = re.compile(r"^winner \w+ \((?P<form>[\w_]+), target (?P<target>\w+), gamma (?P<gamma>[\d.]+).*?val delta "
-                    r"(?P<val>[+-][\d.]+).*?test delta (?P<test>[+-][\d.]+)", re.M)
+                    r"(?P<val>[+-][\d.]+).*?test delta (?P<test>[+-][\d.]+)")
 
 
 def _trials(uri: str, task: str) -> set[str]:
     """Every trial of the sweep in store `uri`: its configuration and mean validation delta, as one string each."""
     import mlflow
 
+    from embed_lib.tracking.registry import sweep_experiment
+
     mlflow.set_tracking_uri(uri)
-    runs = mlflow.search_runs(experiment_names=[f"sweep-{task}"], filter_string="tags.trial_id != ''",
+    runs = mlflow.search_runs(experiment_names=[sweep_experiment(task)], filter_string="tags.trial_id != ''",
                               output_format="list")
     return {json.dumps([sorted(r.data.params.items()), round(r.data.metrics.get("delta_val_mean", float("nan")), 5)])
             for r in runs}
@@ -49,8 +51,8 @@ def run_sweep(task: str, concurrency: int, samples: int | None, extra: tuple[str
         if out.returncode:
             raise SystemExit(f"{' '.join(cmd)} failed ({out.returncode}):\n{out.stdout[-3000:]}{out.stderr[-3000:]}")
         summary = json.loads(next(ln for ln in reversed(out.stdout.splitlines()) if ln.startswith("{")))
-        w = WINNER.search(out.stdout)
-        line = w.group(0) + out.stdout[w.end():].split("\n", 1)[0] if w else ""
+        line = next((ln for ln in out.stdout.splitlines() if ln.startswith("winner ")), "")
+        w = WINNER.match(line)
         per_task = line.split("per task:", 1)[-1].split(";", 1)[0] if "per task:" in line else ""
         winner = ({"form": w["form"], "target": w["target"], "gamma": float(w["gamma"]),
                    "winner_val": float(w["val"]), "winner_test": float(w["test"]), "line": line,

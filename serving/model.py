@@ -17,7 +17,7 @@ from embed_lib.config import EncoderConfig, default_cache_dir
 from embed_lib.encoding.cache import cache_key, manifest_mismatch
 from embed_lib.encoding.encoders import encoder_manifest
 from embed_lib.tracking.promotion import from_tag
-from embed_lib.tracking.registry import download_adapter
+from embed_lib.tracking.registry import download_adapter, sweep_experiment
 from embed_lib.tracking.runs import require_store
 from embed_lib.training.export import load_adapter
 from serving.errors import ApiError
@@ -74,10 +74,11 @@ def _no_winner(model_uri: str, store: str | None) -> str:
     m = re.fullmatch(r"models:/pair-residual-([^/@]+)(?:@[^/]+|/\d+)", model_uri)
     if not m or not store:
         return ""
+    experiment = sweep_experiment(m[1])
     try:
         require_store(store)  # a store that is not there is not made by asking it
         client = mlflow.MlflowClient(store)
-        exp = client.get_experiment_by_name(f"sweep-{m[1]}")
+        exp = client.get_experiment_by_name(experiment)
         runs = client.search_runs([exp.experiment_id], f"tags.task = '{m[1]}' and tags.winner != ''",
                                   order_by=["attributes.start_time DESC"], max_results=1) if exp else []
     except Exception:  # noqa: BLE001 -- the error being raised says what matters; this only adds to it
@@ -85,7 +86,7 @@ def _no_winner(model_uri: str, store: str | None) -> str:
     if not runs or runs[0].data.tags.get("winner") != "none":
         return ""
     reason = runs[0].data.tags.get("no_winner_reason", "").removesuffix(" Nothing registered.").rstrip(".")
-    return (f" The last sweep of {m[1]} here (experiment 'sweep-{m[1]}', run {runs[0].info.run_id}) registered "
+    return (f" The last sweep of {m[1]} here (experiment '{experiment}', run {runs[0].info.run_id}) registered "
             f"nothing: {reason}.")
 
 

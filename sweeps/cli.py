@@ -21,7 +21,7 @@ from embed_lib.cli.args import (encoder_config, resolve_task, skip_exit_collecti
 from embed_lib.config import default_cache_dir, writable_dir
 from embed_lib.teacher.config import preset_of
 from embed_lib.teacher.workers import cpu_cores
-from embed_lib.tracking.registry import model_name
+from embed_lib.tracking.registry import model_name, sweep_experiment
 from embed_lib.tracking.runs import (check_store_for_cluster, checked_tracking_uri, default_tracking_uri, git_info,
                                      local_store_path, log_task_inputs, set_experiment, ui_link)
 from sweeps import interrupt
@@ -66,7 +66,7 @@ def _open_parent_run(args, name: str, storage: Path):
     tracking_uri = _tracking_uri(args)
     check_store_for_cluster(tracking_uri, len([n for n in ray.nodes() if n.get("Alive")]))
     mlflow.set_tracking_uri(tracking_uri)
-    experiment = set_experiment(args.experiment or f"sweep-{args.task}", tracking_uri)
+    experiment = set_experiment(args.experiment or sweep_experiment(args.task), tracking_uri)
     marker = parent_marker(args, name, storage)
     parent_id = json.loads(marker.read_text())["run_id"] if args.resume else None
     parent = mlflow.start_run(run_id=parent_id, run_name=None if parent_id else name)

@@ -42,6 +42,11 @@ def model_name(task: str, smoke: bool = False, limit: int | None = None) -> str:
     return f"pair-residual-{task}" + ("-smoke" if smoke else "-limited" if limit is not None else "")
 
 
+def sweep_experiment(task: str) -> str:
+    """`sweep-<task>`: the MLflow experiment a task's sweeps log to (unless `--experiment` names another)."""
+    return f"sweep-{task}"
+
+
 def _signature():
     """Text pairs (sentence1, sentence2) or cached vectors (emb_a, emb_b) in; score, baseline, difficulty out."""
     return ModelSignature(
