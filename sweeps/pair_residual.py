@@ -14,8 +14,8 @@ Hyperparameters
 Every trial trains its whole seed group and reports mean / std / min / count positive of the
 validation delta against the frozen cosine, and its delta on the other tasks' validation pairs (transfer
 checks). The winner must be positive on every validation seed and do no harm on any transfer task
-(every seed's delta >= -0.001, --transfer-tolerance); Optuna optimises the validation delta minus a
-penalty for transfer harm beyond the tolerance.
+(every seed's delta >= -0.001, --transfer-tolerance); Optuna and ASHA rank by the validation delta minus a
+penalty for transfer harm beyond the tolerance, read after every epoch (the other tasks' pairs) and at the end.
 """
 from __future__ import annotations
 

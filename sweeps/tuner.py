@@ -1,5 +1,6 @@
-"""The sweep's Tuner: Optuna (TPE, seeded) proposing configurations, or an explicit grid; ASHA on the mean
-validation delta; a sweep restored for --resume."""
+"""The sweep's Tuner: Optuna (TPE, seeded) proposing configurations, or an explicit grid; ASHA on the objective
+(`sweeps.trainable.objective`: the mean validation delta less the transfer harm, each epoch); a sweep restored for
+--resume."""
 from __future__ import annotations
 
 import functools
@@ -25,7 +26,7 @@ def reuse_actors() -> bool:
 
 def make_tuner(args, trainable, run_config, fixed: dict[str, Any], space_fn, space_keys: list[str], first,
                taus: list[float], storage: Path, name: str, start_points=None):
-    """(Tuner, the keys the search varies): Optuna (TPE, seeded) or an explicit grid; ASHA on the mean val delta."""
+    """(Tuner, the keys the search varies): Optuna (TPE, seeded) or an explicit grid; ASHA on the objective."""
     if args.resume:
         return tune.Tuner.restore(str(storage / name), trainable=trainable, resume_unfinished=True,
                                   resume_errored=True), space_keys

@@ -46,6 +46,13 @@ def test_smoke_sweep_through_ray_job_submit(sweep_env):
         assert len(client.get_metric_history(r.info.run_id, "seed/delta_val")) == 2  # two seeds
         assert len(client.get_metric_history(r.info.run_id, "objective")) >= 2  # epochs + final
         assert len(client.get_metric_history(r.info.run_id, "epoch/delta_val_mean")) == 2  # the curve: one per epoch
+        # what ASHA and Optuna read at each epoch: the validation delta less 100x the transfer harm beyond 0.001
+        history = {name: {m.step: m.value for m in client.get_metric_history(r.info.run_id, name)}
+                   for name in ("epoch/delta_val_mean", "epoch/transfer_delta_min", "objective")}
+        assert set(history["epoch/transfer_delta_min"]) == set(history["epoch/delta_val_mean"])
+        for step, delta in history["epoch/delta_val_mean"].items():
+            harm = max(0.0, -0.001 - history["epoch/transfer_delta_min"][step])
+            assert history["objective"][step] == pytest.approx(delta - 100 * harm, abs=1e-12)
 
 
 def test_per_sentence_sweep_smoke(sweep_env):

@@ -5,6 +5,7 @@ import json
 
 import numpy as np
 import pytest
+import torch
 
 from embed_lib.config import AdapterConfig
 from embed_lib.training.tensors import prepare_study
@@ -284,6 +285,29 @@ def test_transfer_splits_are_scored_per_seed_against_the_frozen_cosine(small):
     assert r.summary["transfer/other/delta_mean"] == pytest.approx(np.mean(deltas))
     base = train_seed_group(_cfg(adapter="baseline", target="none"), data)
     assert base.summary["transfer_delta_min"] == 0.0
+
+
+def test_a_sweep_trial_reads_the_transfer_checks_every_epoch_without_changing_what_it_trains(small):
+    """epoch_transfer=True (a sweep's trials, so that ASHA and the searcher rank by the rule while a trial trains):
+    each epoch's record adds every transfer task's worst seed and the worst of all, scored as the final check scores
+    them; the weights and every figure stay those of a run without it."""
+    data = _with_transfer(small, small.splits["test"])
+    cfg = _cfg(control="shuffled", novelty_quantile=0.2)  # the shuffled control draws from an evaluation generator
+    seen: list[dict] = []
+    watched = train_seed_group(cfg, data, on_epoch=lambda e, h: seen.append(h), epoch_transfer=True)
+    plain = train_seed_group(cfg, data)
+    assert watched.per_seed == plain.per_seed and watched.baseline == plain.baseline
+    assert all(torch.equal(watched.state_dict[k], plain.state_dict[k]) for k in plain.state_dict)
+    assert [h["epoch"] for h in seen] == [1, 2, 3]
+    assert all(h["epoch/transfer_delta_min"] == h["epoch/transfer/other/delta_min"] for h in seen)
+    assert "epoch/transfer_delta_min" not in plain.history[0]  # asked for only
+    # after one epoch the weights scored are the selected ones; the stand-in transfer split is the test split
+    seen.clear()
+    one = train_seed_group(_cfg(epochs=1), data, on_epoch=lambda e, h: seen.append(h), epoch_transfer=True)
+    assert seen[0]["epoch/transfer/other/delta_min"] == one.summary["transfer/other/delta_min"]
+    assert seen[0]["epoch/transfer_delta_min"] == pytest.approx(min(s["delta_test"] for s in one.per_seed), abs=1e-9)
+    # a study without transfer checks reports none
+    assert "epoch/transfer_delta_min" not in train_seed_group(_cfg(epochs=1), small, epoch_transfer=True).history[0]
 
 
 def test_every_split_but_train_is_scored_with_the_familiarity_it_has_when_served(small):

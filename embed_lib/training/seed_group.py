@@ -4,7 +4,8 @@ Sixth stage of the data flow (... adapters -> **training** -> metrics). `train_s
 seed of an `AdapterConfig` at once on a `StudyData` (embed_lib.training.tensors): parameters carry a seed
 dimension, each seed its own initialisation and batch order, drawn from its own `torch.Generator`
 (nothing reseeds torch's global generator). It keeps each seed's best epoch on validation and evaluates
-validation, test and the transfer splits once at the selected epochs. Deltas are against the frozen cosine.
+validation, test and the transfer splits once at the selected epochs (and, for a sweep's trials, the transfer
+pairs after every epoch: `scoring.TransferWatch`). Deltas are against the frozen cosine.
 """
 from __future__ import annotations
 
@@ -20,10 +21,8 @@ from embed_lib.config import AdapterConfig
 from embed_lib.training import losses
 from embed_lib.training.adapters import PairAdapter
 from embed_lib.training.metrics import PRIMARY_METRIC, evaluate
-from embed_lib.training.tensors import TRANSFER_PREFIX, SplitTensors, StudyData, novelty_gate
-
-EVAL_CHUNK = 8192
-
+from embed_lib.training.scoring import TransferWatch, score_split, spearman_rows
+from embed_lib.training.tensors import SplitTensors, StudyData, novelty_gate
 
 @dataclass
 class GroupResult:
@@ -51,38 +50,10 @@ class GroupResult:
         return "\n".join(rows)
 
 
-def _spearman_rows(scores: np.ndarray, y: np.ndarray) -> np.ndarray:
-    return np.array([stats.spearmanr(s, y).statistic for s in scores])
-
-
 def _pearson(a: np.ndarray, b: np.ndarray) -> float:
     if np.std(a) < 1e-12 or np.std(b) < 1e-12:
         return float("nan")
     return float(stats.pearsonr(a, b).statistic)
-
-
-@torch.no_grad()
-def score_split(model: PairAdapter, X: torch.Tensor, sp: SplitTensors,
-                familiarity: torch.Tensor | None = None) -> tuple[np.ndarray, np.ndarray | None]:
-    """Scores (S, n) and gate or mean complexity (S, n) or None, in chunks of pairs. familiarity: (m,) per
-    sentence of X for the novelty gate (else the gate computes it)."""
-    model.eval()
-    S = len(model.seeds)
-    scores, aux = [], []
-    for i in range(0, len(sp.ia), EVAL_CHUNK):
-        ia, ib = sp.ia[i: i + EVAL_CHUNK], sp.ib[i: i + EVAL_CHUNK]
-        xa = X[ia].expand(S, -1, -1)  # (S, n, d), no copy
-        xb = X[ib].expand(S, -1, -1)
-        fam = {} if familiarity is None else dict(fam_a=familiarity[ia].expand(S, -1),
-                                                  fam_b=familiarity[ib].expand(S, -1))
-        out = model(xa, xb, **fam)
-        scores.append(out.score)
-        if out.gate is not None:
-            aux.append(out.gate)
-        elif out.c_a is not None:
-            aux.append((out.c_a + out.c_b) / 2)
-    model.train()
-    return torch.cat(scores, 1).cpu().numpy(), (torch.cat(aux, 1).cpu().numpy() if aux else None)
 
 
 @dataclass
@@ -149,8 +120,10 @@ def _loss(cfg: AdapterConfig, fit: _Fit, out, y: torch.Tensor, idx: torch.Tensor
 
 
 def _train_epochs(cfg: AdapterConfig, data: StudyData, fit: _Fit,
-                  on_epoch: Callable[[int, dict[str, float]], None] | None) -> tuple[list[dict[str, float]], np.ndarray]:
-    """The training loop; leaves every seed at its best validation epoch. Returns (history, best epochs)."""
+                  on_epoch: Callable[[int, dict[str, float]], None] | None,
+                  watch: TransferWatch | None = None) -> tuple[list[dict[str, float]], np.ndarray]:
+    """The training loop; leaves every seed at its best validation epoch. Returns (history, best epochs).
+    watch: the transfer checks each epoch's record adds (`TransferWatch.epoch_record`)."""
     model, X, tr, va, S = fit.model, data.X, data.splits["train"], data.splits["validation"], cfg.n_seeds
     dev = X.device
     y_val = va.y.cpu().numpy()
@@ -171,7 +144,7 @@ def _train_epochs(cfg: AdapterConfig, data: StudyData, fit: _Fit,
             loss.sum().backward()  # a sum keeps each seed's gradient its own
             fit.opt.step()
         model.shuffle_generator.manual_seed(cfg.seed0 + epoch)  # shuffled-c control: one eval permutation per epoch
-        val = _spearman_rows(score_split(model, X, va, fit.served_fam)[0], y_val)
+        val = spearman_rows(score_split(model, X, va, fit.served_fam)[0], y_val)
         better = val > best_val
         if better.any():
             mask = torch.from_numpy(better).to(dev)
@@ -182,6 +155,8 @@ def _train_epochs(cfg: AdapterConfig, data: StudyData, fit: _Fit,
         delta = val - base_val
         history.append({"epoch": epoch, "epoch/delta_val_mean": float(delta.mean()),
                         "epoch/delta_val_min": float(delta.min()), "epoch/val_spearman_mean": float(val.mean())})
+        if watch is not None:
+            history[-1].update(watch.epoch_record(model))
         if on_epoch is not None:
             on_epoch(epoch, history[-1])
     if fit.opt is not None:
@@ -201,7 +176,6 @@ def _evaluate(cfg: AdapterConfig, data: StudyData, fit: _Fit, evaluate_test: boo
     eval_splits = [("validation", "val")] + ([("test", "test")] if evaluate_test else [])
     if cfg.target != "none":  # train scores serve only the gate's fit to its target
         eval_splits.append(("train", "train"))
-    eval_splits += [(t, t) for t in data.transfer]
     pairs_per_s = 0.0
     for split, prefix in eval_splits:
         sp = data.splits[split]
@@ -211,19 +185,18 @@ def _evaluate(cfg: AdapterConfig, data: StudyData, fit: _Fit, evaluate_test: boo
         if split == "validation":  # the served ensemble's cost: every seed, cached vectors
             pairs_per_s = len(sp.ia) / max(time.perf_counter() - t_split, 1e-9)
         y = sp.y.cpu().numpy()
-        if split.startswith(TRANSFER_PREFIX):  # another task: Spearman of the seed against the frozen cosine
-            base = float(stats.spearmanr(sp.s0, y).statistic)
-            name = split[len(TRANSFER_PREFIX):]
-            baseline[f"transfer/{name}/spearman"] = base
-            for k, v in enumerate(_spearman_rows(scores, y)):
-                per_seed[k][f"transfer/{name}/delta"] = float(v - base)
-        elif split != "train":
+        if split != "train":
             baseline.update(evaluate(sp.s0, y, data.binary, prefix))
             for k in range(S):
                 thr_k = per_seed[k].get("val/threshold_acc") if split == "test" else None
                 per_seed[k].update(evaluate(scores[k], y, data.binary, prefix, threshold=thr_k))
             # the served model: the mean score over the seed group
             ensemble.update(evaluate(scores.mean(0), y, data.binary, prefix))
+    watch = TransferWatch(data, fit.served_fam)  # another task's pairs: each seed's Spearman against the frozen cosine
+    for name, deltas in watch.deltas(model).items():
+        baseline[f"transfer/{name}/spearman"] = watch.baseline[name]
+        for k, d in enumerate(deltas):
+            per_seed[k][f"transfer/{name}/delta"] = float(d)
     for name, check in data.retrieval_checks().items():  # a duplicate-question set's frozen top-k, re-ranked
         rows = [torch.from_numpy(r).to(data.X.device) for r in check.pairs()]
         scores, _ = score_split(model, data.X, SplitTensors(*rows, None, None), fit.served_fam)
@@ -235,12 +208,15 @@ def _evaluate(cfg: AdapterConfig, data: StudyData, fit: _Fit, evaluate_test: boo
 
 def train_seed_group(cfg: AdapterConfig, data: StudyData,
                      on_epoch: Callable[[int, dict[str, float]], None] | None = None,
-                     evaluate_test: bool = True, device: str | None = None) -> GroupResult:
+                     evaluate_test: bool = True, device: str | None = None,
+                     epoch_transfer: bool = False) -> GroupResult:
     """Fit every seed of `cfg` as one batched model; see module docstring.
 
     on_epoch(epoch, {'epoch/delta_val_mean', 'epoch/delta_val_min', 'epoch/val_spearman_mean'}) is called after every
     epoch (Tune reports through it). evaluate_test=False leaves the test split untouched (sweeps select
-    on validation and evaluate test once, for the winner).
+    on validation and evaluate test once, for the winner). epoch_transfer=True adds each epoch's transfer deltas
+    to that record (`scoring.TransferWatch.epoch_record`: the sweeps' trials rank by the winner rule while they train);
+    the weights trained and every figure of the result are the same either way.
     """
     if not isinstance(cfg, AdapterConfig) or not isinstance(data, StudyData):
         raise TypeError(f"train_seed_group(cfg, data) takes an AdapterConfig (AdapterConfig.from_dict for a dict) and "
@@ -252,7 +228,8 @@ def train_seed_group(cfg: AdapterConfig, data: StudyData,
     t0 = time.perf_counter()
     data = data.to(torch.device(device or "cpu"))
     fit = _build(cfg, data, data.X.device)
-    history, best_epoch = _train_epochs(cfg, data, fit, on_epoch)
+    watch = TransferWatch(data, fit.served_fam) if epoch_transfer and data.transfer else None
+    history, best_epoch = _train_epochs(cfg, data, fit, on_epoch, watch)
     per_seed, baseline, ensemble, aux, pairs_per_s = _evaluate(cfg, data, fit, evaluate_test)
     for k, r in enumerate(per_seed):
         r["delta_val"] = r[f"val/{PRIMARY_METRIC}"] - baseline[f"val/{PRIMARY_METRIC}"]

@@ -3,7 +3,7 @@
 `prepare_study` turns an embedded task (and, for the ce_margin target, held-out teacher scores) into a
 `StudyData`: the distinct sentences' raw vectors, each split's row indices, labels and frozen cosine,
 every available difficulty target, and the familiarity the novelty gate reads. Splits named
-"transfer:<task>" are other tasks' pairs, scored once at the end (the do-no-harm checks).
+"transfer:<task>" are other tasks' pairs, never trained on (the do-no-harm checks).
 """
 from __future__ import annotations
 
@@ -19,7 +19,7 @@ from embed_lib.training.metrics import cosine
 from embed_lib.training.retrieval import RETRIEVAL_TRANSFER, retrieval_check
 from embed_lib.training.signals import ce_margin, lexical_hard, per_sentence_mean, surface_complexity
 
-#: a split named "transfer:<task>" is another task's pairs, scored once at the end (do-no-harm checks)
+#: a split named "transfer:<task>" is another task's pairs, never trained on (do-no-harm checks)
 TRANSFER_PREFIX = "transfer:"
 #: "transfer:<task>-all": the whole validation split of a task some of whose pairs share a sentence with train
 #: ("transfer:<task>" leaves those out, so that the check reads how the adapter treats sentences it never saw)
