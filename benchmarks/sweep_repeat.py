@@ -1,6 +1,6 @@
 """Is a sweep repeatable? The same sweep run again, with one trial at a time and with several, side by side.
 
-    .venv/bin/python benchmarks/sweep_repeat.py [--task stsb] [--runs 2] [--concurrency 1,2] [--num-samples 32]
+    .venv/bin/python benchmarks/sweep_repeat.py [--task stsb] [--runs 2] [--concurrency 1,2] [--num-samples 32] [--name N]
 
 Runs `sweeps/pair_residual.py --task TASK --max-concurrent C` `--runs` times for each C, one after another, each with
 a store and Tune results of its own (a temporary directory) and this clone's cache (run `make run` first: with the
@@ -9,7 +9,7 @@ validation and test delta) and trial seconds, how many distinct winners, and how
 (configuration and mean validation delta) every other run repeated. Each trial's result is seeded; what can differ
 is which configurations are tried: Optuna proposes from the results in hand and ASHA stops a trial by the rungs
 reported so far, so with several trials at once the order in which they finish steers the sweep.
-Writes results/benchmarks/sweep_repeat.json.
+Writes results/benchmarks/sweep_repeat.json (sweep_repeat_TASK.json for another task; --name NAME: NAME.json).
 """
 from __future__ import annotations
 
@@ -69,6 +69,8 @@ def main() -> None:
     ap.add_argument("--runs", type=int, default=2)
     ap.add_argument("--concurrency", default="1,2", help="comma list of --max-concurrent values")
     ap.add_argument("--num-samples", type=int, default=32)
+    ap.add_argument("--name", default=None, help="results/benchmarks/NAME.json (default sweep_repeat for stsb, "
+                    "sweep_repeat_TASK for another task)")
     args = ap.parse_args()
     figures: dict = {"task": args.task, "num_samples": args.num_samples, "runs_each": args.runs, "by_concurrency": {}}
     for c in (int(v) for v in args.concurrency.split(",")):
@@ -77,13 +79,15 @@ def main() -> None:
             runs.append(run_sweep(args.task, c, args.num_samples))
             print(f"max_concurrent {c}, run {i + 1}: {runs[-1]['winner']}, trials {runs[-1]['trials_s']} s", flush=True)
         first = runs[0]["trials"]
-        winners = {json.dumps(r["winner"], sort_keys=True) for r in runs}
+        # a winner's configuration and figures; its line names the trial by an id drawn anew in every run
+        winners = {json.dumps({k: v for k, v in (r["winner"] or {}).items() if k != "line"}, sort_keys=True)
+                   for r in runs}
         figures["by_concurrency"][str(c)] = {
             "runs": [{k: v for k, v in r.items() if k != "trials"} for r in runs],
             "trials": len(first), "distinct_winners": len(winners),
             "trials_repeated_min": min(len(first & r["trials"]) for r in runs[1:]) if len(runs) > 1 else None,
             "identical": len(runs) > 1 and all(r["trials"] == first for r in runs[1:])}
-    write_results("sweep_repeat", figures)
+    write_results(args.name or ("sweep_repeat" if args.task == "stsb" else f"sweep_repeat_{args.task}"), figures)
 
 
 if __name__ == "__main__":

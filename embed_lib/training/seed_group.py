@@ -24,6 +24,7 @@ from embed_lib.training.metrics import PRIMARY_METRIC, evaluate
 from embed_lib.training.scoring import TransferWatch, score_split, spearman_rows
 from embed_lib.training.tensors import SplitTensors, StudyData, novelty_gate
 
+
 @dataclass
 class GroupResult:
     config: AdapterConfig
