@@ -165,7 +165,7 @@ def _train_epochs(cfg: AdapterConfig, data: StudyData, fit: _Fit,
     return history, best_epoch
 
 
-def _evaluate(cfg: AdapterConfig, data: StudyData, fit: _Fit, evaluate_test: bool):
+def _evaluate(cfg: AdapterConfig, data: StudyData, fit: _Fit, evaluate_test: bool, watch: TransferWatch):
     """Score validation (test, train for the gate's fit, transfer splits) once with the selected weights.
     Returns (per seed metrics, frozen-cosine metrics, ensemble metrics, aux per split, pairs/s)."""
     model, S = fit.model, cfg.n_seeds
@@ -193,8 +193,7 @@ def _evaluate(cfg: AdapterConfig, data: StudyData, fit: _Fit, evaluate_test: boo
                 per_seed[k].update(evaluate(scores[k], y, data.binary, prefix, threshold=thr_k))
             # the served model: the mean score over the seed group
             ensemble.update(evaluate(scores.mean(0), y, data.binary, prefix))
-    watch = TransferWatch(data, fit.served_fam)  # another task's pairs: each seed's Spearman against the frozen cosine
-    for name, deltas in watch.deltas(model).items():
+    for name, deltas in watch.deltas(model).items():  # another task's pairs: each seed against the frozen cosine
         baseline[f"transfer/{name}/spearman"] = watch.baseline[name]
         for k, d in enumerate(deltas):
             per_seed[k][f"transfer/{name}/delta"] = float(d)
@@ -229,9 +228,9 @@ def train_seed_group(cfg: AdapterConfig, data: StudyData,
     t0 = time.perf_counter()
     data = data.to(torch.device(device or "cpu"))
     fit = _build(cfg, data, data.X.device)
-    watch = TransferWatch(data, fit.served_fam) if epoch_transfer and data.transfer else None
-    history, best_epoch = _train_epochs(cfg, data, fit, on_epoch, watch)
-    per_seed, baseline, ensemble, aux, pairs_per_s = _evaluate(cfg, data, fit, evaluate_test)
+    watch = TransferWatch(data, fit.served_fam)  # the transfer pairs as served, their frozen-cosine baselines once
+    history, best_epoch = _train_epochs(cfg, data, fit, on_epoch, watch if epoch_transfer and data.transfer else None)
+    per_seed, baseline, ensemble, aux, pairs_per_s = _evaluate(cfg, data, fit, evaluate_test, watch)
     for k, r in enumerate(per_seed):
         r["delta_val"] = r[f"val/{PRIMARY_METRIC}"] - baseline[f"val/{PRIMARY_METRIC}"]
         if evaluate_test:
