@@ -121,6 +121,30 @@ def test_the_gate_trains_on_its_target_alone_unless_asked_everywhere_a_config_is
     assert space(ungated)["gate_task_grad"] is False
 
 
+def test_every_start_point_is_a_whole_proposal_of_the_space_and_unavailable_ones_are_left_out():
+    """Optuna evaluates the start points as given: each must name every key the space asks for its form, with a
+    value its distribution holds (a value off a categorical's list would stop the sweep when its trial starts)."""
+    import optuna
+
+    from sweeps.pair_residual import START_POINTS, space, start_points
+
+    assert len({tuple(sorted(p.items())) for p in START_POINTS}) == len(START_POINTS) == 3
+    for point in START_POINTS:
+        trial = optuna.trial.FixedTrial(point)
+        space(trial)
+        assert sorted(trial.distributions) == sorted(point)
+        assert all(d._contains(d.to_internal_repr(point[k])) for k, d in trial.distributions.items())
+    # the two gated starts differ only in the novelty gate's quantile (0.2 and 0.3)
+    gated = [p for p in START_POINTS if p["adapter"] == "pair_gated"]
+    assert [p["novelty_quantile"] for p in gated] == [0.2, 0.3]
+    assert {k: v for k, v in gated[0].items() if k != "novelty_quantile"} == \
+        {k: v for k, v in gated[1].items() if k != "novelty_quantile"}
+    # without the teacher's margin among the targets only the ungated start is evaluated; fixed keys are left out
+    assert start_points(("lexical",)) == [START_POINTS[0]]
+    assert all("epochs" not in p and len(p) == len(q) - 1 for p, q in zip(start_points(fixed=("epochs",)),
+                                                                            START_POINTS))
+
+
 def test_a_command_ends_without_the_exit_collection_but_runs_its_exit_handlers():
     """skip_exit_collection: the objects alive at exit are frozen (out of the collector's reach) after the other
     exit handlers ran, and what a handler or the command printed still reaches the caller."""
