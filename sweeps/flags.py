@@ -85,7 +85,8 @@ def add_sweep_args(p, *, default_samples: int) -> None:
                    help=f"Optuna configurations (default {default_samples}; --search grid runs each point of its grid "
                         "once)")
     p.add_argument("--no-start-points", action="store_true",
-                   help="let Optuna start from random proposals instead of the entry script's START_POINTS")
+                   help="let Optuna start from random proposals instead of the entry script's start points "
+                        "(pair_residual.py: START_POINTS, and TASK_START_POINTS for the task where it has some)")
     p.add_argument("--seeds", type=int_at_least(1), default=5, help="seeds per configuration (default 5)")
     p.add_argument("--seed", type=int, default=0, action=_Given,
                    help="Optuna sampler seed (the same seed repeats a sweep exactly with --max-concurrent 1)")

@@ -41,7 +41,7 @@ def make_tuner(args, trainable, run_config, fixed: dict[str, Any], space_fn, spa
     else:
         # a partial of a module-level function: the searcher state is pickled for --resume
         targets = [t for t in ("ce_margin", "lexical", "surface") if t in first.targets]
-        points = (start_points(targets, sorted(fixed), binary=first.binary)
+        points = (start_points(targets, sorted(fixed), task=first.task)
                   if start_points and not args.no_start_points else None)
         searcher = OptunaSearch(space=functools.partial(space_fn, tau_attn_values=taus, targets=targets,
                                                         fixed=sorted(fixed)), metric=METRIC, mode=MODE, seed=args.seed,

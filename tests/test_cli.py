@@ -126,28 +126,29 @@ def test_every_start_point_is_a_whole_proposal_of_the_space_and_unavailable_ones
     value its distribution holds (a value off a categorical's list would stop the sweep when its trial starts)."""
     import optuna
 
-    from sweeps.pair_residual import BINARY_START_POINTS, START_POINTS, space, start_points
+    from sweeps.pair_residual import START_POINTS, TASK_START_POINTS, space, start_points
 
-    every = START_POINTS + BINARY_START_POINTS
+    every = START_POINTS + [p for points in TASK_START_POINTS.values() for p in points]
     assert len({tuple(sorted(p.items())) for p in every}) == len(every) == 3
     for point in every:
         trial = optuna.trial.FixedTrial(point)
         space(trial)
         assert sorted(trial.distributions) == sorted(point)
         assert all(d._contains(d.to_internal_repr(point[k])) for k, d in trial.distributions.items())
-    # a graded task starts from the two; a binary one also from the gated start with the stronger novelty gate
-    assert start_points() == START_POINTS
-    binary = start_points(binary=True)
-    assert binary[:2] == START_POINTS and len(binary) == 3
-    assert binary[2] == {**START_POINTS[1], "novelty_quantile": 0.3} and START_POINTS[1]["novelty_quantile"] == 0.2
+    # every task starts from the two; QQP also from the gated start with the stronger novelty gate
+    assert start_points() == start_points(task="stsb") == start_points(task="mrpc") == START_POINTS
+    assert start_points(task="my_pairs") == START_POINTS
+    qqp = start_points(task="qqp")
+    assert qqp[:2] == START_POINTS and len(qqp) == 3
+    assert qqp[2] == {**START_POINTS[1], "novelty_quantile": 0.3} and START_POINTS[1]["novelty_quantile"] == 0.2
     # without the teacher's margin among the targets only the ungated start is evaluated; fixed keys are left out
-    assert start_points(("lexical",), binary=True) == [START_POINTS[0]]
+    assert start_points(("lexical",), task="qqp") == [START_POINTS[0]]
     assert all("epochs" not in p and len(p) == len(q) - 1 for p, q in zip(start_points(fixed=("epochs",)),
                                                                             START_POINTS))
 
 
-def test_the_sweeps_searcher_starts_from_the_points_of_its_tasks_kind(tmp_path, monkeypatch):
-    """make_tuner hands Optuna the binary start points for a task of binary labels only, and none when asked."""
+def test_the_sweeps_searcher_starts_from_the_points_of_its_task(tmp_path, monkeypatch):
+    """make_tuner hands Optuna the task's own start points, and none when asked."""
     import argparse
     import types
 
@@ -158,18 +159,18 @@ def test_the_sweeps_searcher_starts_from_the_points_of_its_tasks_kind(tmp_path, 
 
     monkeypatch.setattr(tuner, "reuse_actors", lambda: True)  # no cluster needed to build a Tuner
 
-    def points(binary: bool, no_start_points: bool = False):
+    def points(task: str, no_start_points: bool = False):
         args = argparse.Namespace(resume=False, search="optuna", no_start_points=no_start_points, seed=0,
                                   num_samples=4, max_concurrent=1)
-        first = types.SimpleNamespace(targets=["ce_margin", "lexical"], binary=binary)
+        first = types.SimpleNamespace(targets=["ce_margin", "lexical"], task=task)
         made, _ = tuner.make_tuner(args, lambda config: None, tune.RunConfig(name="t", storage_path=str(tmp_path)),
-                                   {"task": "t", "n_seeds": 1}, space, SPACE_KEYS, first, [1.0], tmp_path, "t",
+                                   {"task": task, "n_seeds": 1}, space, SPACE_KEYS, first, [1.0], tmp_path, "t",
                                    start_points)
         return made._local_tuner._tune_config.search_alg._points_to_evaluate
 
-    assert points(False) == start_points()
-    assert points(True) == start_points(binary=True) and len(points(True)) == 3
-    assert not points(True, no_start_points=True)
+    assert points("stsb") == start_points() and len(points("stsb")) == 2
+    assert points("qqp") == start_points(task="qqp") and len(points("qqp")) == 3
+    assert not points("qqp", no_start_points=True)
 
 
 def test_a_command_ends_without_the_exit_collection_but_runs_its_exit_handlers():
