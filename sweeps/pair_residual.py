@@ -68,7 +68,7 @@ START_POINTS = [
          width=128, epochs=8),
 ]
 #: and for a built-in task where it was measured to help (on validation), more start points after those. QQP: the
-#: gated start again with its novelty gate at the 0.3-quantile. Its adapter's gain comes with harm to PAWS'
+#: gated start again with its novelty gate at the 0.3-quantile. QQP's configurations that gain most harm PAWS'
 #: adversarial pairs unless that gate is stronger; this start breaks the rule itself (PAWS -0.0012) but steers the
 #: search there: its default sweep chose +0.0639 (2 at once, 3 runs) and +0.0660 (1 at a time, 2 runs) validation
 #: delta within the rule, against +0.0074 to +0.0436 over 6 runs without it (results/README.md, "QQP's sweep").
