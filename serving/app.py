@@ -6,7 +6,8 @@
 Deployments (serving/deployments.py): `Encoder`, an optional `CrossEncoderScorer` (or the same cross-encoder inside
 the ingress replica: `cross_encoder_placement`), `WarmJobs`; and `Ingress` here: the routes (our API, plus the
 request shapes of Cohere's rerank v1 / v2, vLLM's score and TEI's rerank, so the clients people have work
-unchanged), admission control, timeouts, model swapping, and a `PairScorer` (serving/scorer.py) that holds the
+unchanged, with their truncation options: serving/truncation.py), admission control, timeouts, model swapping, the
+near cache's warming (serving/near_warm.py), and a `PairScorer` (serving/scorer.py) that holds the
 adapter and its caches. The scorer lives in the ingress replica rather than in a deployment of its own: a request
 whose sentences are cached then makes no call beyond the ingress, and every deployment hop costs more CPU than
 scoring a request's pairs. The FastAPI app, its one error body and the offline /docs are in serving/api.py. The
@@ -30,34 +31,33 @@ import numpy as np
 from fastapi.responses import Response
 from ray import serve
 
-from embed_lib.encoding.cache import EmbeddingCache
 from serving import hot
 from serving.api import ERRORS, WARM_ERRORS, api, found_job, json_response
 from serving.args import AppArgs, deployment_options, ingress_autoscaling, log_options
 from serving.autoscale import BUSY, CpuShare
 from serving.deployments import (CROSS_ENCODER_CPUS, SHUTDOWN_POLL_S, CrossEncoderScorer, EncodeError, Encoder,
-                                 WarmJobs, corpus_texts, cross_encoder_calls, set_threads)
+                                 WarmJobs, cross_encoder_calls, set_threads)
 from serving.errors import ApiError, error_responses
 from serving.model import check_requested_model, load_served, pinned_uri, resolve_manifest
 from serving.schemas import (RerankRequest, RerankResponse, ScoreRequest, ScoreResponse, TeiRank, TeiRerankRequest,
                              WarmJob, WarmRequest, check_texts)
+from serving.near_warm import NearCacheWarming
 from serving.scorer import PairScorer, RoutingError, cascade_scores
 from serving.serve_env import ingress
+from serving.truncation import Truncation, truncated_pairs
 
 log = logging.getLogger("ray.serve")  # Serve's logger: lines land in the replica's log, tagged with the replica
 
 
 @serve.deployment(graceful_shutdown_wait_loop_s=SHUTDOWN_POLL_S)
 @serve.ingress(api)
-class Ingress:
+class Ingress(NearCacheWarming):
     def __init__(self, encoder, cross_encoder, warm_jobs, args: dict[str, Any], tracking_uri: str | None) -> None:
         self.encoder, self.warm_jobs = encoder, warm_jobs
         self.args = AppArgs.model_validate(args)
         set_threads(self.args.ingress.num_cpus)
         self.ce_score, self.ce_info = cross_encoder_calls(cross_encoder, self.args, tracking_uri)
         self.tracking_uri, self.inflight = tracking_uri, 0
-        self._pending_warm: list[str] | None = None  # corpus to fetch from the encoder (see check_health)
-        self._warm_task: asyncio.Task | None = None
         self.manifest = None
         self._ce_info: dict[str, Any] | None = None
         self.scorer = PairScorer(cache_size=self.args.cache_size, projection_cache_size=self.args.projection_cache_size)
@@ -79,34 +79,6 @@ class Ingress:
         if first and self.args.warm_corpus and self.manifest:
             self._warm_near(self.args.warm_corpus)
         self._cpu.read()  # a load is no request load: the autoscaler's next reading starts after it
-
-    def _warm_near(self, corpus: str) -> None:
-        texts = corpus_texts(corpus, self.args.warm_corpus_columns)
-        try:
-            vectors = EmbeddingCache(self.manifest).get(texts)  # no encoder here: only what is cached
-        except KeyError:
-            # a cold start: the encoder replica is still encoding the corpus; fetch it from there later
-            log.info("%s is not fully in the embedding cache yet: the near cache warms from the encoder", corpus)
-            self._pending_warm = texts
-            return
-        self.scorer.add_vectors(texts, vectors)
-
-    async def check_health(self) -> None:
-        """Serve's periodic health check; after a cold start it also begins warming the near cache from the
-        encoder deployment, in the background."""
-        if self._pending_warm:
-            texts, self._pending_warm = self._pending_warm, None
-            self._warm_task = asyncio.create_task(self._warm_near_from_encoder(texts))
-
-    async def _warm_near_from_encoder(self, texts: list[str], chunk: int = 1024) -> None:
-        try:
-            for i in range(0, len(texts), chunk):
-                part = [t for t in texts[i: i + chunk] if t not in self.scorer.near]
-                if part:
-                    self.scorer.add_vectors(part, await self.encoder.embed.remote(part))
-            log.info("near cache warmed from the encoder: %d sentences", len(texts))
-        except Exception:  # the service works without it: warm requests then make one hop more
-            log.exception("warming the near cache from the encoder failed")
 
     async def _embed(self, texts: list[str]) -> np.ndarray:
         try:
@@ -142,13 +114,15 @@ class Ingress:
         return self._ce_info
 
     async def _score_pairs(self, pairs: list[tuple[str, str]], scorer: str = "adapter",
-                           cascade: dict[str, Any] | None = None) -> dict[str, Any]:
-        """Every pair's score; `cascade` ({budget, routing, seed}) re-scores the routed pairs with the
-        cross-encoder (embed_lib.training.cascade.route)."""
+                           cascade: dict[str, Any] | None = None,
+                           truncation: Truncation | None = None) -> dict[str, Any]:
+        """Every pair's score, its texts first cut as `truncation` asks (serving/truncation.py); `cascade` ({budget,
+        routing, seed}) re-scores the routed pairs with the cross-encoder (embed_lib.training.cascade.route)."""
         if (cascade or scorer == "cross_encoder") and self.ce_score is None:
             raise ApiError(422, "cascade / budget / scorer='cross_encoder' need a cross-encoder: start the app with "
                                 "cross_encoder=<models:/cross-encoder-<task>/<version>, folder, id or path>.",
                            "cascade" if cascade else "scorer")
+        pairs = await truncated_pairs(self.encoder, pairs, truncation)
         if scorer == "cross_encoder":
             ce = await self.ce_score(pairs)
             return {"data": [{"index": i, "score": float(s), "path": "cross_encoder"} for i, s in enumerate(ce)]}
@@ -177,22 +151,25 @@ class Ingress:
         pairs = body.resolved_pairs(self.args.max_pairs, self.args.max_text_chars)
         cascade = body.cascade_options(self.args.cascade_budget, self.args.cascade_familiarity_floor,
                                        self.scorer.default_routing(), pairs)
-        out = await self._guarded(self._score_pairs(pairs, body.scorer, cascade))
+        cut = body.truncation(self.manifest["max_seq_length"])
+        out = await self._guarded(self._score_pairs(pairs, body.scorer, cascade, cut))
         for row in out["data"]:
             row["object"] = "score"
         return json_response({"id": f"score-{uuid.uuid4().hex}", "object": "list", "created": int(time.time()),
                       "model": self.model_name, **out})
 
-    async def _ranked(self, query: str, documents: list[str]) -> list[dict[str, Any]]:
+    async def _ranked(self, query: str, documents: list[str],
+                      truncation: Truncation | None = None) -> list[dict[str, Any]]:
         check_texts("query", [query], self.args.max_text_chars)
         check_texts("documents", documents, self.args.max_text_chars, max_items=self.args.max_documents)
-        out = await self._guarded(self._score_pairs([(query, d) for d in documents]))
+        out = await self._guarded(self._score_pairs([(query, d) for d in documents], truncation=truncation))
         return sorted(out["data"], key=lambda r: -r["score"])
 
     async def _cohere_rerank(self, body: RerankRequest, version: str) -> Response:
         check_requested_model(body.model, self.scorer.info)
         texts = body.texts()
-        ranked = (await self._ranked(body.query, texts))[: body.top_n or len(texts)]
+        cut = body.truncation(self.manifest["max_seq_length"])
+        ranked = (await self._ranked(body.query, texts, cut))[: body.top_n or len(texts)]
         results = [{"index": r["index"], "relevance_score": r["score"],
                     **({"document": {"text": texts[r["index"]]}} if body.return_documents else {})} for r in ranked]
         return json_response({"id": str(uuid.uuid4()), "results": results, "model": self.model_name,
@@ -212,7 +189,7 @@ class Ingress:
     @api.post("/rerank", response_model=list[TeiRank], responses=ERRORS)
     async def rerank_tei(self, body: TeiRerankRequest) -> Response:
         """Text Embeddings Inference's rerank: `{"query", "texts"}` -> `[{"index", "score", "text"?}]`."""
-        ranked = await self._ranked(body.query, body.texts)
+        ranked = await self._ranked(body.query, body.texts, body.truncation())
         return json_response([{"index": r["index"], "score": r["score"],
                        **({"text": body.texts[r["index"]]} if body.return_text else {})} for r in ranked])
 
@@ -260,8 +237,7 @@ class Ingress:
         info.pop("encoder_key", None)
         a = self.args
         caches = self.scorer.stats()
-        # true while the warm corpus is still on its way from the encoder into this replica (after a cold start)
-        caches["near_cache"]["warming"] = bool(self._pending_warm) or bool(self._warm_task and not self._warm_task.done())
+        caches["near_cache"]["warming"] = self.near_cache_warming()
         # hot_routes: requests each scoring / re-ranking path answered past FastAPI's routing (serving/hot.py); code:
         # the fingerprint of serving/ and embed_lib/ a deploy through cluster/local.sh gave (cluster/serve_config.py)
         return {"data": [{**info, "ingress": ingress(), "code": os.environ.get("EMBED_SERVE_CODE"),

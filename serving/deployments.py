@@ -151,6 +151,10 @@ class Encoder:
                     vectors[t] = v
         return (len(new), vectors) if return_vectors else len(new)
 
+    async def truncate(self, texts: list[str], keep: int | None, side: str, counting_special: bool = False):
+        """`FrozenEncoder.truncate` off the event loop: a request's truncation options (serving/truncation.py)."""
+        return await asyncio.to_thread(self.encoder.truncate, texts, keep, side, counting_special)
+
     def stats(self) -> dict[str, Any]:
         return self.cache.stats()
 

@@ -15,6 +15,7 @@ from pydantic import BaseModel, ConfigDict, Field, StrictBool, StrictFloat, Stri
 
 from embed_lib.training.cascade import pairs_seed
 from serving.errors import ApiError
+from serving.truncation import Truncation, vllm_truncation
 
 #: C0 and C1 control characters other than tab, newline and carriage return
 _CONTROL = re.compile(r"[\x00-\x08\x0b\x0c\x0e-\x1f\x7f-\x9f]")
@@ -105,8 +106,13 @@ class ScoreRequest(BaseModel):
     scorer: Literal["adapter", "cross_encoder"] = "adapter"
     # accepted from vLLM clients, without effect here
     encoding_format: StrictStr | None = Field(None, description="accepted for vLLM clients; ignored")
-    truncate_prompt_tokens: StrictInt | None = Field(None, description="accepted for vLLM clients; texts are "
-                                                     "truncated at the encoder's max_seq_length")
+    truncate_prompt_tokens: StrictInt | None = Field(
+        None, ge=-1, description="vLLM's: each text's last k tokens, its special tokens counted (up to the encoder's "
+        "max_seq_length); -1: the last of as many as the encoder reads; unset: the encoder's own cut, the first "
+        "max_seq_length tokens")
+
+    def truncation(self, max_seq_length: int) -> Truncation | None:
+        return vllm_truncation(self.truncate_prompt_tokens, max_seq_length)
 
     def cascade_options(self, budget: float, familiarity_floor: float, routing: str,
                         pairs: list[tuple[str, str]]) -> dict | None:
@@ -167,9 +173,14 @@ class RerankRequest(BaseModel):
     rank_fields: list[StrictStr] | None = Field(None, description="fields of object documents to rank on "
                                                 "(joined as 'field: value' lines; default: text)")
     max_chunks_per_doc: StrictInt | None = Field(None, ge=1, description="accepted for Cohere clients; ignored")
-    max_tokens_per_doc: StrictInt | None = Field(None, ge=1, description="accepted for Cohere clients; texts are "
-                                                 "truncated at the encoder's max_seq_length")
+    max_tokens_per_doc: StrictInt | None = Field(None, ge=1, description="each document's first n tokens (at most "
+                                                 "what the encoder reads: its max_seq_length less special tokens)")
     priority: StrictInt | None = Field(None, description="accepted for Cohere clients; ignored")
+
+    def truncation(self, max_seq_length: int) -> Truncation | None:
+        """Cohere's max_tokens_per_doc where it cuts more than the encoder does (its default, 4096, cuts nothing)."""
+        n = self.max_tokens_per_doc
+        return None if n is None or n >= max_seq_length else Truncation("max_tokens_per_doc", keep=n, query=False)
 
     def texts(self) -> list[str]:
         """The documents as texts (422 naming the document and the field where one lacks it)."""
@@ -194,8 +205,16 @@ class TeiRerankRequest(BaseModel):
     texts: list[StrictStr]
     return_text: StrictBool = False
     raw_scores: StrictBool = Field(False, description="accepted; scores are similarities in [-1, 1] either way")
-    truncate: StrictBool | None = Field(None, description="accepted; texts are truncated at max_seq_length")
-    truncation_direction: Literal["Left", "Right", "left", "right"] | None = None
+    truncate: StrictBool | None = Field(None, description="false: a text longer than the encoder reads is a 413 (TEI's "
+                                        "answer); true or unset: it is cut")
+    truncation_direction: Literal["Left", "Right", "left", "right"] | None = Field(
+        None, description="the end a longer text is cut at: right (unset: its first tokens stay) or left (its last)")
+
+    def truncation(self) -> Truncation | None:
+        if self.truncate is False:
+            return Truncation("truncate", strict=True, texts_field="texts")
+        left = (self.truncation_direction or "right").lower() == "left"
+        return Truncation("truncation_direction", side="left", texts_field="texts") if left else None
 
 
 class WarmRequest(BaseModel):

@@ -323,6 +323,49 @@ def test_vllm_and_tei_request_shapes(served, encoder):
     assert _assert_error_shape(wrong, 404, "model")["type"] == "model_not_found"
 
 
+def test_the_truncation_options_of_vllm_cohere_and_tei_cut_as_their_apis_say(served, encoder):
+    """vLLM's truncate_prompt_tokens keeps each text's last k tokens (its special tokens counted), Cohere's
+    max_tokens_per_doc each document's first n (the query whole): scored like the library on the texts cut by the
+    encoder's own `truncate`; TEI's options on texts within the encoder's length change nothing; a k that leaves
+    no token of the text, or passes max_seq_length, is a 422 naming the option. (Texts past the encoder's 256 tokens
+    are longer than this app's max_text_chars: tests/test_truncation.py cuts them.)"""
+    query = "A man is playing a guitar."
+    docs = ["Stocks fell sharply today, and then a man played the guitar.", "The stock market fell sharply."]
+    url = served["url"]
+
+    def cut(texts, **kw):
+        return encoder.truncate(texts, **kw)[0]
+
+    r = requests.post(url + "/v1/score", json={"text_1": query, "text_2": docs, "truncate_prompt_tokens": 8},
+                      timeout=60)
+    assert r.status_code == 200, r.text
+    q, *d = cut([query, *docs], keep=8, side="left", counting_special=True)
+    assert q == "man is playing a guitar." and d == ["a man played the guitar.", docs[1]]  # 6 tokens of each
+    expected = _offline(served, encoder, [(q, x) for x in d])["score"]
+    np.testing.assert_allclose([x["score"] for x in r.json()["data"]], expected, atol=1e-5)
+    whole = requests.post(url + "/v1/score", json={"text_1": query, "text_2": docs}, timeout=60).json()["data"]
+    assert [x["score"] for x in whole] != pytest.approx([x["score"] for x in r.json()["data"]], abs=1e-4)
+    r = requests.post(url + "/v2/rerank", json={"query": query, "documents": docs, "max_tokens_per_doc": 3},
+                      timeout=60)
+    assert r.status_code == 200, r.text
+    d = cut(docs, keep=3)
+    assert d == ["Stocks fell sharply", "The stock market"]
+    expected = _offline(served, encoder, [(query, x) for x in d])["score"]
+    assert {x["index"]: x["relevance_score"] for x in r.json()["results"]} == {
+        i: pytest.approx(float(s), abs=1e-5) for i, s in enumerate(expected)}
+    plain = requests.post(url + "/rerank", json={"query": query, "texts": docs}, timeout=60).json()
+    for options in ({"truncate": False}, {"truncation_direction": "Left"}, {"truncate": True}):
+        r = requests.post(url + "/rerank", json={"query": query, "texts": docs, **options}, timeout=60)
+        assert r.status_code == 200 and r.json() == plain, (options, r.text)
+    for k, message in ((2, "truncate_prompt_tokens: 2 tokens leave none of the text: the encoder reads each text "
+                           "with 2 more (special tokens and prompt); give at least 3."),
+                       (257, "truncate_prompt_tokens=257: give -1 (as many tokens as the encoder reads) or a number "
+                             "of tokens from 1 to the encoder's max_seq_length, 256.")):
+        r = requests.post(url + "/v1/score", json={"pairs": [[query, docs[0]]], "truncate_prompt_tokens": k},
+                          timeout=60)
+        assert _assert_error_shape(r, 422, "truncate_prompt_tokens")["message"] == message
+
+
 def test_health_and_model_info(served):
     version = _champion(served)
     assert requests.get(served["url"] + "/healthz", timeout=30).json() == {"status": "ok",

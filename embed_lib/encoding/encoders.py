@@ -29,6 +29,7 @@ import torch
 from embed_lib.config import EncoderConfig, default_cache_dir, manifest_fields
 from embed_lib.encoding.batching import SLACK, length_batches
 from embed_lib.encoding.onnx_backend import encoder_runner
+from embed_lib.encoding.truncation import budget, truncate
 from embed_lib.encoding.weights import check_local, one_line, packaged_instead, resolve_model, state_fingerprint
 from embed_lib.progress import Progress
 
@@ -216,6 +217,24 @@ class FrozenEncoder:
         with self._tokenizing:
             ids = self.model.tokenizer(list(texts), truncation=True, max_length=self.max_seq_length)["input_ids"]
         return [len(x) for x in ids]
+
+    def truncate(self, texts: Sequence[str], keep: int | None = None, side: str = "right",
+                 counting_special: bool = False) -> tuple[list[str], list[int], int]:
+        """(each text cut to `keep` tokens on `side`, each text's tokens before the cut, the most tokens of a text the
+        encoder reads: max_seq_length less the special tokens and the prompt's), as `embed_lib.encoding.truncation`
+        cuts them. `keep` defaults to that most and never passes it; `counting_special`: `keep` counts the special
+        and the prompt's tokens too (vLLM's count)."""
+        texts = check_texts(texts)
+        with self._tokenizing:
+            most = budget(self.model.tokenizer, self.max_seq_length, self.prompt)
+            if keep is not None and counting_special:
+                if keep - (self.max_seq_length - most) < 1:
+                    raise ValueError(f"{keep} tokens leave none of the text: the encoder reads each text with "
+                                     f"{self.max_seq_length - most} more (special tokens and prompt); give at least "
+                                     f"{self.max_seq_length - most + 1}.")
+                keep -= self.max_seq_length - most
+            cut, counts = truncate(self.model.tokenizer, texts, most if keep is None else min(keep, most), side)
+        return cut, counts, most
 
     def encode_torch(self, texts: Sequence[str]) -> np.ndarray:
         """The torch path's vectors whatever the backend (the reference an ONNX graph is checked against)."""
