@@ -158,10 +158,10 @@ class Ingress(NearCacheWarming):
         return json_response({"id": f"score-{uuid.uuid4().hex}", "object": "list", "created": int(time.time()),
                       "model": self.model_name, **out})
 
-    async def _ranked(self, query: str, documents: list[str],
-                      truncation: Truncation | None = None) -> list[dict[str, Any]]:
+    async def _ranked(self, query: str, documents: list[str], truncation: Truncation | None = None,
+                      field: str = "documents") -> list[dict[str, Any]]:
         check_texts("query", [query], self.args.max_text_chars)
-        check_texts("documents", documents, self.args.max_text_chars, max_items=self.args.max_documents)
+        check_texts(field, documents, self.args.max_text_chars, max_items=self.args.max_documents)
         out = await self._guarded(self._score_pairs([(query, d) for d in documents], truncation=truncation))
         return sorted(out["data"], key=lambda r: -r["score"])
 
@@ -189,7 +189,7 @@ class Ingress(NearCacheWarming):
     @api.post("/rerank", response_model=list[TeiRank], responses=ERRORS)
     async def rerank_tei(self, body: TeiRerankRequest) -> Response:
         """Text Embeddings Inference's rerank: `{"query", "texts"}` -> `[{"index", "score", "text"?}]`."""
-        ranked = await self._ranked(body.query, body.texts, body.truncation())
+        ranked = await self._ranked(body.query, body.texts, body.truncation(), field="texts")
         return json_response([{"index": r["index"], "score": r["score"],
                        **({"text": body.texts[r["index"]]} if body.return_text else {})} for r in ranked])
 

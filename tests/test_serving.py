@@ -354,6 +354,9 @@ def test_the_truncation_options_of_vllm_cohere_and_tei_cut_as_their_apis_say(ser
     assert {x["index"]: x["relevance_score"] for x in r.json()["results"]} == {
         i: pytest.approx(float(s), abs=1e-5) for i, s in enumerate(expected)}
     plain = requests.post(url + "/rerank", json={"query": query, "texts": docs}, timeout=60).json()
+    # TEI's field is named as TEI names it (it was "documents[1]", Cohere's name)
+    r = requests.post(url + "/rerank", json={"query": query, "texts": [docs[0], " "]}, timeout=60)
+    assert _assert_error_shape(r, 422, "texts[1]")["message"].startswith("texts[1] is empty or blank")
     for options in ({"truncate": False}, {"truncation_direction": "Left"}, {"truncate": True}):
         r = requests.post(url + "/rerank", json={"query": query, "texts": docs, **options}, timeout=60)
         assert r.status_code == 200 and r.json() == plain, (options, r.text)
