@@ -104,7 +104,7 @@ class ScoreRequest(BaseModel):
     combine: Literal["replace", "mean"] = Field("replace", description="cascade: a routed pair's score is the "
                                                 "cross-encoder's (replace) or the mean of it and the adapter's (mean)")
     scorer: Literal["adapter", "cross_encoder"] = "adapter"
-    # accepted from vLLM clients, without effect here
+    # vLLM's: encoding_format is accepted without effect; truncate_prompt_tokens cuts (serving/truncation.py)
     encoding_format: StrictStr | None = Field(None, description="accepted for vLLM clients; ignored")
     truncate_prompt_tokens: StrictInt | None = Field(
         None, ge=-1, description="vLLM's: each text's last k tokens, its special tokens counted (up to the encoder's "
