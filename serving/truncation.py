@@ -1,7 +1,7 @@
 """The truncation options of the request shapes the service speaks, applied before a request's texts are scored.
 
-The encoder reads at most `max_seq_length` tokens of a text (all-MiniLM-L6-v2: 256, of which its 2 special tokens take
-2) and cuts a longer text on the right. A request may ask for another cut:
+The encoder reads at most `max_seq_length` tokens of a text (all-MiniLM-L6-v2: 256, its 2 special tokens among them)
+and cuts a longer text on the right. A request may ask for another cut:
 
 - vLLM's `truncate_prompt_tokens: k` (/v1/score): each text's last k tokens, its special tokens counted, as vLLM
   truncates (on the left); -1: the last tokens of as many as the encoder reads; k past `max_seq_length`: 422.
