@@ -31,6 +31,7 @@ import numpy as np
 from fastapi.responses import Response
 from ray import serve
 
+from embed_lib.training.export import as_served
 from serving import hot
 from serving.api import ERRORS, WARM_ERRORS, api, found_job, json_response
 from serving.args import AppArgs, deployment_options, ingress_autoscaling, log_options
@@ -42,7 +43,7 @@ from serving.model import check_requested_model, load_served, pinned_uri, resolv
 from serving.schemas import (RerankRequest, RerankResponse, ScoreRequest, ScoreResponse, TeiRank, TeiRerankRequest,
                              WarmJob, WarmRequest, check_texts)
 from serving.near_warm import NearCacheWarming
-from serving.scorer import PairScorer, RoutingError, cascade_scores
+from serving.scorer import PairScorer, RoutingError, best_first, cascade_scores
 from serving.serve_env import ingress
 from serving.truncation import Truncation, truncated_pairs
 
@@ -117,7 +118,8 @@ class Ingress(NearCacheWarming):
                            cascade: dict[str, Any] | None = None,
                            truncation: Truncation | None = None) -> dict[str, Any]:
         """Every pair's score, its texts first cut as `truncation` asks (serving/truncation.py); `cascade` ({budget,
-        routing, seed}) re-scores the routed pairs with the cross-encoder (embed_lib.training.cascade.route)."""
+        routing, seed}) re-scores the routed pairs with the cross-encoder (embed_lib.training.cascade.route).
+        'unclipped': the adapter's scores before their clip to [-1, 1], for `_ranked` (not part of a response)."""
         if (cascade or scorer == "cross_encoder") and self.ce_score is None:
             raise ApiError(422, "cascade / budget / scorer='cross_encoder' need a cross-encoder: start the app with "
                                 "cross_encoder=<models:/cross-encoder-<task>/<version>, folder, id or path>.",
@@ -125,7 +127,8 @@ class Ingress(NearCacheWarming):
         pairs = await truncated_pairs(self.encoder, pairs, truncation)
         if scorer == "cross_encoder":
             ce = await self.ce_score(pairs)
-            return {"data": [{"index": i, "score": float(s), "path": "cross_encoder"} for i, s in enumerate(ce)]}
+            return {"data": [{"index": i, "score": float(s), "path": "cross_encoder"} for i, s in enumerate(ce)],
+                    "unclipped": ce}
         out = await self.scorer.score(pairs, self._embed)
         scores, info, routed = out["score"].astype(np.float64), None, np.zeros(0, np.int64)
         if cascade:
@@ -138,11 +141,11 @@ class Ingress(NearCacheWarming):
                     "familiarity": float(out["novelty"].mean()), "cross_encoder": self.args.cross_encoder}
         to_ce = set(routed.tolist())
         # whole arrays to Python floats at once: per-pair numpy calls cost ~0.2 ms of a ~1.7 ms 32-pair request
-        rows = zip(np.clip(scores, -1.0, 1.0).tolist(), out["baseline"].tolist(), out["difficulty"].tolist())
+        rows = zip(as_served(scores).tolist(), out["baseline"].tolist(), out["difficulty"].tolist())
         data = [{"index": i, "score": s, "baseline": b, "difficulty": None if math.isnan(d) else d,
                  **({"path": "cross_encoder" if i in to_ce else "adapter"} if cascade else {})}
                 for i, (s, b, d) in enumerate(rows)]
-        return {"data": data, **({"cascade": info} if info else {})}
+        return {"data": data, **({"cascade": info} if info else {}), "unclipped": out["unclipped"]}
 
     @api.post("/v1/score", response_model=None, responses={200: {"model": ScoreResponse}, **ERRORS})
     async def score(self, body: ScoreRequest) -> Response:
@@ -153,6 +156,7 @@ class Ingress(NearCacheWarming):
                                        self.scorer.default_routing(), pairs)
         cut = body.truncation(self.manifest["max_seq_length"])
         out = await self._guarded(self._score_pairs(pairs, body.scorer, cascade, cut))
+        del out["unclipped"]
         for row in out["data"]:
             row["object"] = "score"
         return json_response({"id": f"score-{uuid.uuid4().hex}", "object": "list", "created": int(time.time()),
@@ -163,7 +167,8 @@ class Ingress(NearCacheWarming):
         check_texts("query", [query], self.args.max_text_chars)
         check_texts(field, documents, self.args.max_text_chars, max_items=self.args.max_documents)
         out = await self._guarded(self._score_pairs([(query, d) for d in documents], truncation=truncation))
-        return sorted(out["data"], key=lambda r: -r["score"])
+        data = out["data"]
+        return [data[i] for i in best_first([r["score"] for r in data], out["unclipped"])]
 
     async def _cohere_rerank(self, body: RerankRequest, version: str) -> Response:
         check_requested_model(body.model, self.scorer.info)

@@ -14,7 +14,7 @@ from typing import Any, Awaitable, Callable, Mapping, Sequence
 import numpy as np
 
 from embed_lib.training.cascade import default_policy, mix, route
-from embed_lib.training.export import ensemble_scores, project
+from embed_lib.training.export import as_served, ensemble_scores, project
 from embed_lib.training.fused import FusedEnsemble
 
 
@@ -116,21 +116,22 @@ class PairScorer:
         return found
 
     def score_vectors(self, pairs: Sequence[tuple[str, str]], vectors: dict[str, np.ndarray]) -> dict[str, np.ndarray]:
-        """{'score', 'baseline', 'difficulty', 'novelty'} (n,) each, for pairs whose texts are all in `vectors`.
-        Synchronous: one model scores the whole request even while a swap waits. Cosines (the frozen
-        baseline, a per-sentence form's score) and the residual's score are clipped to [-1, 1]."""
+        """{'score', 'baseline', 'difficulty', 'novelty', 'unclipped'} (n,) each, for pairs whose texts are all in
+        `vectors`. Synchronous: one model scores the whole request even while a swap waits. Cosines (the frozen
+        baseline, a per-sentence form's score) and the residual's score are clipped to [-1, 1] (`as_served`);
+        'unclipped' is the score before the clip, which orders the pairs the clip ties (`best_first`)."""
         model, projected, fused = self.model, self.projected, self.fused
         if model is None:
             raise RuntimeError("No model loaded yet.")
         if not pairs:
-            return {k: np.zeros(0, np.float32) for k in ("score", "baseline", "difficulty", "novelty")}
+            return {k: np.zeros(0, np.float32) for k in ("score", "baseline", "difficulty", "novelty", "unclipped")}
         a, b = [p[0] for p in pairs], [p[1] for p in pairs]
         xa, xb = gather(vectors, a), gather(vectors, b)
         h = projections(model, projected, a + b, vectors)
         ha, hb = (None, None) if h is None else (gather(h, a, axis=1), gather(h, b, axis=1))  # (S, n, width)
         out = fused.scores(xa, xb, ha, hb) if fused is not None else ensemble_scores(model, xa, xb, ha, hb)
-        return {"score": np.clip(out["score"], -1.0, 1.0), "baseline": np.clip(out["baseline"], -1.0, 1.0),
-                "difficulty": out["difficulty"], "novelty": out["novelty"]}
+        return {"score": as_served(out["score"]), "baseline": as_served(out["baseline"]),
+                "difficulty": out["difficulty"], "novelty": out["novelty"], "unclipped": out["score"]}
 
     async def score(self, pairs: Sequence[tuple[str, str]], source: VectorSource) -> dict[str, np.ndarray]:
         """Fetch what is missing, then score (see `score_vectors`)."""
@@ -147,6 +148,13 @@ class PairScorer:
 
 class RoutingError(ValueError):
     """A cascade request whose routing the served model cannot follow (e.g. difficulty without a gate)."""
+
+
+def best_first(scores: np.ndarray, unclipped: np.ndarray) -> np.ndarray:
+    """The pairs' indices, best first: by `scores` (as served), the pairs they tie by `unclipped` (the adapter's
+    score before the clip to [-1, 1]: two near-duplicates the model puts at 1.06 and 1.02 keep that order), then
+    in the order given."""
+    return np.lexsort((np.arange(len(scores)), -np.asarray(unclipped, np.float64), -np.asarray(scores, np.float64)))
 
 
 async def cascade_scores(pairs: Sequence[tuple[str, str]], out: dict[str, np.ndarray], cascade: dict[str, Any],

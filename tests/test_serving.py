@@ -132,6 +132,15 @@ def test_rerank_orders_by_score(served, encoder):
     offline = _offline(served, encoder, [("A man is playing a guitar.", d) for d in docs])["score"]
     assert [x["index"] for x in results] == list(np.argsort(-offline)[:2])
     assert results[0]["document"] == {"text": docs[results[0]["index"]]}  # Cohere's shape
+    # near-duplicates, the query's copy among them: ranked as the model scores them, their scores within [-1, 1]
+    # (scores the model puts above 1 are answered 1.0; the order is the model's, not the documents')
+    query, docs = "A man is playing a guitar.", ["A man is playing the guitar.", "A man is playing a guitar.",
+                                                 "A man was playing a guitar.", "A man plays a guitar."]
+    r = requests.post(served["url"] + "/rerank", json={"query": query, "texts": docs}, timeout=60)
+    assert r.status_code == 200, r.text
+    offline = _offline(served, encoder, [(query, d) for d in docs])["score"]
+    assert [x["index"] for x in r.json()] == np.argsort(-offline, kind="stable").tolist()
+    np.testing.assert_allclose([x["score"] for x in r.json()], np.clip(np.sort(offline)[::-1], -1, 1), atol=1e-5)
 
 
 def _assert_error_shape(r, status, field=None):

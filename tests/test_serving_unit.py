@@ -133,7 +133,7 @@ def test_pair_scorer_answers_no_pairs_with_empty_arrays():
 
     out = PairScorer(_model(), {"name": "m"}).score_vectors([], {})
     assert {k: v.shape for k, v in out.items()} == {"score": (0,), "baseline": (0,), "difficulty": (0,),
-                                                  "novelty": (0,)}
+                                                  "novelty": (0,), "unclipped": (0,)}
 
 
 def test_scores_and_baselines_never_leave_the_unit_interval():
@@ -149,6 +149,35 @@ def test_scores_and_baselines_never_leave_the_unit_interval():
     for form in ("baseline", "pair_ungated"):
         out = asyncio.run(PairScorer(_model(form, 384)).score([("a", "b")] * 3, source))
         assert np.all(np.abs(out["score"]) <= 1.0) and np.all(np.abs(out["baseline"]) <= 1.0)
+
+
+def test_rerank_orders_the_pairs_the_clip_ties_by_the_models_score():
+    """Near-duplicates of the query that the model scores above 1 are all answered 1.0 (the clip to [-1, 1]), and
+    ranked in the model's order, not the documents' (a query's exact copy was ranked behind a paraphrase)."""
+    from embed_lib.training.export import ensemble_scores
+    from serving.scorer import PairScorer, best_first
+
+    assert best_first([1.0, 1.0, 0.5, 1.0], [1.02, 1.06, 0.5, 1.0]).tolist() == [1, 0, 3, 2]  # by hand
+    assert best_first([0.3, 0.3], [0.3, 0.3]).tolist() == [0, 1]  # a true tie keeps the order given
+    rng = np.random.default_rng(0)
+    q = rng.standard_normal(8).astype(np.float32)
+    table = {"q": q, **{f"d{i}": (q + 0.1 * rng.standard_normal(8)).astype(np.float32) for i in range(12)}}
+    docs = [t for t in table if t != "q"]
+
+    class Table:
+        class embed:
+            @staticmethod
+            async def remote(texts):
+                return np.stack([table[t] for t in texts])
+
+    model = _model()
+    expected = ensemble_scores(model, np.stack([q] * len(docs)), np.stack([table[d] for d in docs]))["score"]
+    assert (expected > 1).sum() >= 2  # the case: several documents the clip ties at 1.0
+    ingress = _ingress()
+    ingress.encoder, ingress.scorer = Table(), PairScorer(model, {"name": "m"})
+    ranked = asyncio.run(ingress._ranked("q", docs))
+    assert [r["index"] for r in ranked] == np.argsort(-expected, kind="stable").tolist()
+    np.testing.assert_allclose([r["score"] for r in ranked], np.clip(np.sort(expected)[::-1], -1, 1), atol=1e-6)
 
 
 @pytest.mark.parametrize("text,rule", [

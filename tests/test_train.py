@@ -164,7 +164,7 @@ def test_the_mlflow_model_scores_vectors_and_sentences_like_the_library(small, e
     import mlflow
     import pandas as pd
 
-    from embed_lib.training.export import ensemble_scores, load_adapter
+    from embed_lib.training.export import as_served, ensemble_scores, load_adapter
     from embed_lib.tracking.registry import download_adapter, log_adapter_model
     from embed_lib.tracking.runs import set_experiment
 
@@ -182,7 +182,7 @@ def test_the_mlflow_model_scores_vectors_and_sentences_like_the_library(small, e
     texts = [("A man is playing a guitar.", "A man plays the guitar."), ("A cat sleeps.", "Stocks fell sharply.")]
     xa, xb = encoder.encode([a for a, _ in texts]), encoder.encode([b for _, b in texts])
     adapter_dir = download_adapter(info.model_uri, tracking_uri=tracking)
-    expected = ensemble_scores(load_adapter(adapter_dir)[0], xa, xb)["score"]
+    expected = as_served(ensemble_scores(load_adapter(adapter_dir)[0], xa, xb)["score"])  # in [-1, 1], as served
     by_text = model.predict(pd.DataFrame({"sentence1": [a for a, _ in texts], "sentence2": [b for _, b in texts]}))
     by_vector = model.predict(pd.DataFrame({"emb_a": list(xa), "emb_b": list(xb)}))
     np.testing.assert_allclose(by_text["score"], expected, atol=1e-5)
@@ -217,6 +217,30 @@ def test_the_mlflow_model_scores_vectors_and_sentences_like_the_library(small, e
     manifest_file.write_text(json.dumps({**manifest, "weights_fingerprint": "0" * 32}))
     with pytest.raises(ValueError, match="weights_fingerprint"):
         mlflow.pyfunc.load_model(str(broken)).predict(pd.DataFrame({"sentence1": ["a"], "sentence2": ["b"]}))
+
+
+def test_the_pyfunc_answers_scores_in_minus_one_to_one_as_the_service_does():
+    """Near-duplicate pairs a model scores above 1: the pyfunc answers 1.0, as /v1/score does (export.as_served)."""
+    import pandas as pd
+
+    from embed_lib.tracking.pyfunc_adapter import PairAdapterModel
+    from embed_lib.training.adapters import PairAdapter
+    from embed_lib.training.export import ensemble_scores
+
+    model = PairAdapter("pair_gated", 8, [0, 1]).eval()
+    with torch.no_grad():
+        for p in model.parameters():
+            p.add_(torch.randn(p.shape, generator=torch.Generator().manual_seed(3)) * 0.3)
+    rng = np.random.default_rng(0)
+    xa = np.repeat(rng.standard_normal((1, 8)), 12, axis=0).astype(np.float32)
+    xb = (xa + 0.1 * rng.standard_normal(xa.shape)).astype(np.float32)
+    raw = ensemble_scores(model, xa, xb)
+    assert (raw["score"] > 1).sum() >= 2 and (raw["score"] < 1).any()  # the case
+    pyfunc = PairAdapterModel()
+    pyfunc.model, pyfunc.manifest = model, {"dim": 8}
+    out = pyfunc.predict(None, pd.DataFrame({"emb_a": list(xa), "emb_b": list(xb)}))
+    np.testing.assert_allclose(out["score"], np.clip(raw["score"], -1, 1), atol=1e-6)
+    assert out["score"].max() == 1.0 and out["baseline"].between(-1, 1).all()
 
 
 def _through_mlflow_models_serve(model, expected):

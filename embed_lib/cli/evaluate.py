@@ -2,16 +2,16 @@
 frozen cosine it anchors to.
 
 The model scores the pairs as the service and the pyfunc model do (the mean over its seeds, from the vectors of the
-encoder its manifest names, embedded through the cache); every metric of the task (Spearman, Pearson; for binary
-labels ROC-AUC, average precision, accuracy and F1 at the best threshold) for the model and the frozen cosine, each
-seed's Spearman delta, and a paired bootstrap interval of the Spearman delta. With --cross-encoder, the same metrics
-of a cross-encoder on the same pairs (a registered `models:/cross-encoder-<task>` version, a folder `python -m
-embed_lib teacher` saved, or any cross-encoder id / path), and the share of its Spearman gain over the frozen cosine
-that the model reaches; with --cascade-budget B also the served cascade's: the fraction B of the pairs the model's
-gate rates hardest (a model with no gate: whose cosine is nearest the middle, as the service routes it) re-scored by
-the cross-encoder (on the cosine's scale where it has a calibration), routed over the whole split as one request or
-in requests of --cascade-request-pairs pairs; a request whose mean novelty-gate weight is under the familiarity floor
-routes nothing, as served (embed_lib.training.cascade).
+encoder its manifest names, embedded through the cache, clipped to [-1, 1]); every metric of the task (Spearman,
+Pearson; for binary labels ROC-AUC, average precision, accuracy and F1 at the best threshold) for the model and the
+frozen cosine, each seed's Spearman delta, and a paired bootstrap interval of the Spearman delta. With
+--cross-encoder, the same metrics of a cross-encoder on the same pairs (a registered `models:/cross-encoder-<task>`
+version, a folder `python -m embed_lib teacher` saved, or any cross-encoder id / path), and the share of its Spearman
+gain over the frozen cosine that the model reaches; with --cascade-budget B also the served cascade's: the fraction B
+of the pairs the model's gate rates hardest (a model with no gate: whose cosine is nearest the middle, as the service
+routes it) re-scored by the cross-encoder (on the cosine's scale where it has a calibration), routed over the whole
+split as one request or in requests of --cascade-request-pairs pairs; a request whose mean novelty-gate weight is
+under the familiarity floor routes nothing, as served (embed_lib.training.cascade).
 Writes results/evaluate_<task>_<split>.{md,json} (or --out).
 """
 from __future__ import annotations
@@ -34,7 +34,7 @@ from embed_lib.tracking.cross_encoder_registry import resolve_cross_encoder
 from embed_lib.tracking.registry import load_registered
 from embed_lib.tracking.runs import default_tracking_uri, require_store
 from embed_lib.training.cascade import FAMILIARITY_FLOOR, default_policy, mix, route_requests
-from embed_lib.training.export import ensemble_scores
+from embed_lib.training.export import as_served, ensemble_scores
 from embed_lib.training.metrics import cosine, evaluate, paired_bootstrap, spearman
 from embed_lib.training.retrieval import seed_scores
 
@@ -118,9 +118,9 @@ def evaluation(args: argparse.Namespace) -> dict:
     per_seed = seed_scores(model, V, ia, ib[:, None])[:, :, 0]  # (S, n): each pair a query with one candidate
     cos = cosine(V[ia], V[ib])  # the frozen cosine, which the model's anchor equals exactly
     y = split.label
-    score = per_seed.mean(0)  # the served ensemble (the service's and the pyfunc's): the seeds' mean
+    score = as_served(per_seed.mean(0))  # as served (the service, the pyfunc): the seeds' mean, clipped to [-1, 1]
     base = spearman(cos, y)
-    seed_deltas = [spearman(s, y) - base for s in per_seed]
+    seed_deltas = [spearman(as_served(s), y) - base for s in per_seed]
     out = {"task": args.task, "split": args.eval_split, "split_note": split.split_note, "pairs": len(split),
            "binary": split.binary, "model_uri": args.model_uri, "model_version": version, "adapter": config.adapter,
            "trained_on": config.task,
@@ -181,14 +181,14 @@ def _cross_encoder(args: argparse.Namespace, store: str, split, base: dict,
 def _cascade(args: argparse.Namespace, score: np.ndarray, ensemble: dict, routing: str, ce_scores: np.ndarray,
              middle: float | None, base: dict, split) -> dict:
     """The served cascade at --cascade-budget by `routing` (the service's default), over the whole split or in requests
-    of --cascade-request-pairs: the model's scores (clipped to [-1, 1], as served) with the pairs its gate rates
+    of --cascade-request-pairs: the model's scores (`score`, clipped to [-1, 1] as served) with the pairs its gate rates
     hardest replaced by the cross-encoder's, or for a model with no gate, the pairs whose frozen cosine is nearest
     `middle`; nothing of a request under the familiarity floor (`ensemble`: `ensemble_scores`)."""
     n, size = len(score), args.cascade_request_pairs or max(len(score), 1)
     requests = [np.arange(i, min(i + size, n)) for i in range(0, n, size)]
     routed = route_requests(args.cascade_budget, routing, requests, list(zip(split.sentence1, split.sentence2)),
                             ensemble, middle, args.cascade_familiarity_floor)
-    scores = mix(np.clip(score, -1.0, 1.0), ce_scores, routed)
+    scores = mix(score, ce_scores, routed)
     metrics = evaluate(scores, split.label, split.binary)
     return {"budget": args.cascade_budget, "routing": routing, "routed": len(routed), "request_pairs": size,
             "familiarity_floor": args.cascade_familiarity_floor, "familiarity": float(ensemble["novelty"].mean()),

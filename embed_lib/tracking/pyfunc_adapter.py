@@ -4,7 +4,8 @@ MLflow copies this file into the model; at load time it runs it, and `load_conte
 adapter from safetensors + JSON (`embed_lib.training.export`). `predict` takes a DataFrame with either
 `emb_a` / `emb_b` (cached raw vectors: lists of floats or float32 / float64 arrays, one per row) or
 `sentence1` / `sentence2` (texts; the frozen encoder named in the manifest is loaded once and checked
-against the manifest's fingerprint), and returns `score`, `baseline` and `difficulty` per pair. A dict of lists
+against the manifest's fingerprint), and returns `score`, `baseline` and `difficulty` per pair (score and baseline
+clipped to [-1, 1], as the service answers: `export.as_served`). A dict of lists
 (`{"sentence1": [...], "sentence2": [...]}`), which MLflow hands over as one row of lists, is a row per pair.
 Bad input: `pyfunc_inputs.PairInputError`, which `mlflow models serve` answers with 400 and its message.
 """
@@ -17,7 +18,7 @@ from mlflow.pyfunc import PythonModel
 
 from embed_lib.encoding.cache import encoder_for
 from embed_lib.tracking.pyfunc_inputs import PairInputError, rows_of_lists, texts
-from embed_lib.training.export import ensemble_scores, load_adapter
+from embed_lib.training.export import as_served, ensemble_scores, load_adapter
 
 
 class PairAdapterModel(PythonModel):
@@ -55,7 +56,8 @@ class PairAdapterModel(PythonModel):
             raise PairInputError(f"Input needs columns emb_a/emb_b or sentence1/sentence2; "
                                  f"got {list(model_input.columns)}.")
         out = ensemble_scores(self.model, xa, xb)
-        return pd.DataFrame({k: out[k] for k in ("score", "baseline", "difficulty")})  # the signature's outputs
+        return pd.DataFrame({"score": as_served(out["score"]), "baseline": as_served(out["baseline"]),
+                             "difficulty": out["difficulty"]})  # the signature's outputs
 
 
 mlflow.models.set_model(PairAdapterModel())

@@ -22,6 +22,10 @@ from embed_lib.config import AdapterConfig
 from embed_lib.training.adapters import NoveltyGate, PairAdapter
 
 FILES = ("weights.safetensors", "config.json", "encoder_manifest.json")
+#: the range every served path reports a score and a baseline in (the service, the pyfunc, `evaluate`): the frozen
+#: cosine's. The residual can carry a near-duplicate pair past 1 (30 of STS-B test's 1379 pairs, at most 1.11, with
+#: a `make run` champion); the re-ranking endpoints order the pairs the clip ties by their score before it.
+SCORE_RANGE = (-1.0, 1.0)
 
 
 def save_adapter(directory: str | Path, config: AdapterConfig, state_dict: Mapping[str, torch.Tensor],
@@ -102,6 +106,11 @@ def ensemble_scores(model: PairAdapter, xa: np.ndarray | torch.Tensor, xb: np.nd
     return {"score": out.score.mean(0).numpy(), "baseline": out.s0.mean(0).numpy(),
             "difficulty": gate.mean(0).numpy() if gate is not None else np.full(n, np.nan, np.float32),
             "novelty": out.novelty.mean(0).numpy() if out.novelty is not None else np.ones(n, np.float32)}
+
+
+def as_served(scores: np.ndarray) -> np.ndarray:
+    """`scores` clipped to SCORE_RANGE, as every served path reports them."""
+    return np.clip(scores, *SCORE_RANGE)
 
 
 @torch.no_grad()
