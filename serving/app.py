@@ -163,12 +163,16 @@ class Ingress(NearCacheWarming):
                       "model": self.model_name, **out})
 
     async def _ranked(self, query: str, documents: list[str], truncation: Truncation | None = None,
-                      field: str = "documents") -> list[dict[str, Any]]:
+                      field: str = "documents", raw: bool = False) -> list[dict[str, Any]]:
+        """The documents' rows, best first (`best_first`); `raw`: each score before its clip to [-1, 1]."""
         check_texts("query", [query], self.args.max_text_chars)
         check_texts(field, documents, self.args.max_text_chars, max_items=self.args.max_documents)
         out = await self._guarded(self._score_pairs([(query, d) for d in documents], truncation=truncation))
-        data = out["data"]
-        return [data[i] for i in best_first([r["score"] for r in data], out["unclipped"])]
+        data, unclipped = out["data"], out["unclipped"]
+        if raw:
+            for row, s in zip(data, unclipped.tolist()):
+                row["score"] = s
+        return [data[i] for i in best_first([r["score"] for r in data], unclipped)]
 
     async def _cohere_rerank(self, body: RerankRequest, version: str) -> Response:
         check_requested_model(body.model, self.scorer.info)
@@ -194,7 +198,7 @@ class Ingress(NearCacheWarming):
     @api.post("/rerank", response_model=list[TeiRank], responses=ERRORS)
     async def rerank_tei(self, body: TeiRerankRequest) -> Response:
         """Text Embeddings Inference's rerank: `{"query", "texts"}` -> `[{"index", "score", "text"?}]`."""
-        ranked = await self._ranked(body.query, body.texts, body.truncation(), field="texts")
+        ranked = await self._ranked(body.query, body.texts, body.truncation(), field="texts", raw=body.raw_scores)
         return json_response([{"index": r["index"], "score": r["score"],
                        **({"text": body.texts[r["index"]]} if body.return_text else {})} for r in ranked])
 

@@ -204,7 +204,8 @@ class TeiRerankRequest(BaseModel):
     query: StrictStr
     texts: list[StrictStr]
     return_text: StrictBool = False
-    raw_scores: StrictBool = Field(False, description="accepted; scores are similarities in [-1, 1] either way")
+    raw_scores: StrictBool = Field(False, description="true: each score as the model gives it, before its clip to "
+                                   "[-1, 1] (a near-duplicate may pass 1)")
     truncate: StrictBool | None = Field(None, description="false: a text longer than the encoder reads is a 413 (TEI's "
                                         "answer); true or unset: it is cut")
     truncation_direction: Literal["Left", "Right", "left", "right"] | None = Field(

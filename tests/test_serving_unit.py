@@ -153,7 +153,8 @@ def test_scores_and_baselines_never_leave_the_unit_interval():
 
 def test_rerank_orders_the_pairs_the_clip_ties_by_the_models_score():
     """Near-duplicates of the query that the model scores above 1 are all answered 1.0 (the clip to [-1, 1]), and
-    ranked in the model's order, not the documents' (a query's exact copy was ranked behind a paraphrase)."""
+    ranked in the model's order, not the documents' (a query's exact copy was ranked behind a paraphrase); TEI's
+    raw_scores answers the scores before the clip."""
     from embed_lib.training.export import ensemble_scores
     from serving.scorer import PairScorer, best_first
 
@@ -178,6 +179,9 @@ def test_rerank_orders_the_pairs_the_clip_ties_by_the_models_score():
     ranked = asyncio.run(ingress._ranked("q", docs))
     assert [r["index"] for r in ranked] == np.argsort(-expected, kind="stable").tolist()
     np.testing.assert_allclose([r["score"] for r in ranked], np.clip(np.sort(expected)[::-1], -1, 1), atol=1e-6)
+    raw = asyncio.run(ingress._ranked("q", docs, raw=True))  # TEI's raw_scores: the scores before the clip
+    assert [r["index"] for r in raw] == [r["index"] for r in ranked]
+    np.testing.assert_allclose([r["score"] for r in raw], np.sort(expected)[::-1], atol=1e-6)
 
 
 @pytest.mark.parametrize("text,rule", [
