@@ -24,7 +24,7 @@ import torch
 from ray import serve
 
 from embed_lib.config import EncoderConfig
-from embed_lib.data.custom_tasks import TABLE_SUFFIXES, table_texts
+from embed_lib.data.tables import TABLE_SUFFIXES, table_texts
 from embed_lib.data.tasks import SPLITS, distinct_texts, load_splits
 from embed_lib.encoding.cache import EmbeddingCache, manifest_mismatch
 from embed_lib.encoding.encoders import FrozenEncoder

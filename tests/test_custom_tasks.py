@@ -88,6 +88,9 @@ def test_a_file_for_evaluation_only(pairs_frame, tmp_path):
     (lambda f: f.assign(split=f.split.where(f.index != 11, "holdout")),
      "eval.csv, row 12, column 'split': unknown split 'holdout'"),
     (lambda f: f[(f.split != "test") | (f.index < 165)], "split 'test' has 5 pairs; at least 10 are needed."),
+    (lambda f: f.assign(score=f.score.where(f.split != "validation", 3.0)),  # a Spearman of it would be NaN
+     "eval.csv, column 'score': every label of split 'validation' is 3 (40 pairs); scoring it needs labels that "
+     "differ"),
     (lambda f: pd.concat([f, f.iloc[[0]].assign(split="test")], ignore_index=True),
      "eval.csv, row 201: the pair also appears in row 1 in split 'train'"),
 ])
