@@ -53,8 +53,9 @@ class PairAdapterModel(PythonModel):
             xa = self._encode(texts(model_input["sentence1"], "sentence1"))
             xb = self._encode(texts(model_input["sentence2"], "sentence2"))
         else:
-            raise PairInputError(f"Input needs columns emb_a/emb_b or sentence1/sentence2; "
-                                 f"got {list(model_input.columns)}.")
+            got = list(model_input.columns) or "none of them (MLflow passes on only the columns the model's " \
+                "signature names: sentence1, sentence2, emb_a, emb_b)"
+            raise PairInputError(f"Input needs columns emb_a/emb_b or sentence1/sentence2; got {got}.")
         out = ensemble_scores(self.model, xa, xb)
         return pd.DataFrame({"score": as_served(out["score"]), "baseline": as_served(out["baseline"]),
                              "difficulty": out["difficulty"]})  # the signature's outputs
