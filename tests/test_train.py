@@ -190,7 +190,8 @@ def test_the_mlflow_model_scores_vectors_and_sentences_like_the_library(small, e
     with pytest.raises(ValueError, match=r"Input needs columns emb_a/emb_b or sentence1/sentence2; got none of them "
                                          r"\(MLflow passes on only the columns the model's signature names"):
         model.predict(pd.DataFrame({"x": [1]}))  # MLflow drops the column it does not know before predict
-    with pytest.raises(ValueError, match=r"Input needs columns emb_a/emb_b or sentence1/sentence2; got \['sentence1'\]"):
+    with pytest.raises(ValueError, match=r"Input needs columns emb_a/emb_b or sentence1/sentence2; got "
+                                         r"\['sentence1'\]"):
         model.predict(pd.DataFrame({"sentence1": ["a"]}))
     # vectors as numpy's default float64 and as lists of floats (MLflow's schema refused both with Array(float))
     as_lists = model.predict(pd.DataFrame({"emb_a": [list(map(float, v)) for v in xa],
