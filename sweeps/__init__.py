@@ -1,7 +1,7 @@
 """Ray Tune sweeps of the adapters (see sweeps/README.md). `require_stack` is what the entry scripts call first."""
 from __future__ import annotations
 
-import importlib
+import importlib.util
 import sys
 
 #: what the sweep's modules import at their top (sweeps.cli and the trainables)
@@ -11,14 +11,9 @@ STACK = ("numpy", "torch", "ray", "mlflow", "optuna", "sentence_transformers")
 def require_stack(script: str) -> None:
     """Exits with one line when this Python lacks a package of the sweep's stack: under `ray job submit` the job's
     `python` is the one on the PATH of whoever ran `ray start`, which need not be the project's venv."""
-    missing = []
-    for name in STACK:
-        try:
-            importlib.import_module(name)  # imported by sweeps.cli right after in any case
-        except ModuleNotFoundError as exc:
-            if exc.name != name:  # a package that is there but broken: its own traceback says more
-                raise
-            missing.append(name)
+    # found, not imported: sentence_transformers alone takes ~2 s to import, and the sweep's driver imports it only
+    # where it encodes (a package that is there but broken fails at its import, with its own traceback)
+    missing = [name for name in STACK if importlib.util.find_spec(name) is None]
     if missing:
         print(f"error: {script} runs under {sys.executable}, which lacks {', '.join(missing)}: run it with the "
               f"project's venv (`make venv`, then `.venv/bin/python {script} ...`). Under `ray job submit`, the job's "
