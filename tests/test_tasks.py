@@ -88,9 +88,29 @@ def test_bad_labels_and_texts(tmp_path):
 
 
 def test_mirror_source_without_dir(monkeypatch):
-    monkeypatch.delenv("EMBED_DATA_DIR", raising=False)
+    monkeypatch.setenv("EMBED_DATA_DIR", "")  # set but empty: no mirror, even one beside the clone
     with pytest.raises(ValueError, match="source='mirror' needs data_dir"):
         load_task("stsb", "train", None, source="mirror")
+
+
+def test_the_mirror_beside_the_clone_is_the_default_as_make_finds_it(monkeypatch, tmp_path):
+    """$EMBED_DATA_DIR unset: `../shared/data` beside the clone where it holds the mirror (what `make` and
+    cluster/local.sh export), else the Hub; set: that folder; set but empty: the Hub."""
+    from embed_lib.data import tasks
+    from tests.conftest import REPO
+
+    assert tasks.BESIDE_THE_CLONE == REPO.resolve().parent / "shared" / "data"  # the Makefile's MIRROR
+    beside = tmp_path / "shared" / "data"
+    monkeypatch.setattr(tasks, "BESIDE_THE_CLONE", beside)
+    monkeypatch.delenv("EMBED_DATA_DIR", raising=False)
+    assert tasks.default_data_dir() is None  # nothing there
+    (beside / "stsb").mkdir(parents=True)
+    (beside / "stsb" / "train.parquet").write_bytes(b"")
+    assert tasks.default_data_dir() == beside
+    monkeypatch.setenv("EMBED_DATA_DIR", str(tmp_path / "elsewhere"))
+    assert tasks.default_data_dir() == tmp_path / "elsewhere"
+    monkeypatch.setenv("EMBED_DATA_DIR", "")
+    assert tasks.default_data_dir() is None
 
 
 def test_a_split_knows_the_mirror_it_came_from(data_dir):

@@ -36,7 +36,8 @@ def skip_exit_collection() -> None:
 
 def add_data_flags(p: argparse.ArgumentParser) -> None:
     p.add_argument("--data-dir", default=None,
-                   help="local mirror of the datasets (default: $EMBED_DATA_DIR; unset: the Hugging Face Hub)")
+                   help="local mirror of the datasets (default: $EMBED_DATA_DIR, else ../shared/data beside this "
+                        "clone where the mirror is, else the Hugging Face Hub)")
     p.add_argument("--cache-dir", default=None, help="embedding cache (default: $EMBED_CACHE_DIR or ./.cache/embed_lib)")
 
 

@@ -4,7 +4,8 @@ First stage of the data flow (task loader -> frozen encoder -> cache -> signals 
 A task split is a `PairData`: two aligned lists of sentences, the normalised gold `label`
 (STS-B: score/5 in [0, 1]; MRPC, QQP, PAWS: 0/1) and the `raw_label` as published.
 
-Sources. The mirror (`../shared/data` layout, chosen by `data_dir=` or $EMBED_DATA_DIR) and the
+Sources. The mirror (`../shared/data` layout, chosen by `data_dir=` or $EMBED_DATA_DIR, else found beside the
+clone, as `make` finds it) and the
 Hub hold the same columns. Where a source lacks a labelled split, a seeded split of another one
 is made and described in `PairData.split_note`, which every result carries:
 - mirror PAWS: only labeled_final validation (8,000 pairs) -> 70/15/15 train/validation/test;
@@ -30,10 +31,18 @@ DERIVED_FRACTIONS = {"train": 0.70, "validation": 0.15, "test": 0.15}
 DERIVED_SEED = 0
 
 
+#: where a clone of this repository finds the mirror when $EMBED_DATA_DIR is unset: beside it, as `make` and
+#: cluster/local.sh look for it (`python -m embed_lib ...` run by hand in a fresh clone read the Hub instead)
+BESIDE_THE_CLONE = Path(__file__).resolve().parents[2].parent / "shared" / "data"
+
+
 def default_data_dir() -> Path | None:
-    """The local data mirror named by $EMBED_DATA_DIR, or None (then tasks load from the Hub)."""
+    """The local data mirror: $EMBED_DATA_DIR (set but empty: none), else `../shared/data` beside this clone where it
+    holds the mirror (its stsb/train.parquet), else None: tasks load from the Hub."""
     value = os.environ.get("EMBED_DATA_DIR")
-    return Path(value).absolute() if value else None
+    if value is not None:
+        return Path(value).absolute() if value else None
+    return BESIDE_THE_CLONE if (BESIDE_THE_CLONE / "stsb" / "train.parquet").is_file() else None
 
 
 @dataclass(frozen=True)
