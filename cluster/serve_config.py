@@ -17,8 +17,7 @@ same config would keep the replicas, their old code and their old model, running
 of either is a changed config, and Serve rolls the replicas over to new ones; a deploy with nothing changed stays
 a no-op. A model, version or alias the store says it does not have ends here in one line (exit 2), before the deploy
 (it was the application builder's traceback, `make serve TASK=qqp` before `make run TASK=qqp`); a store that does not
-answer is left to the builder, which names the problem. With OUT "-" (`make serve`'s check) a local store is asked
-too, so such a model ends the command before it starts a cluster.
+answer is left to the builder, which names the problem.
 
 --loopback (what `local.sh serve` gives on its loopback-only cluster): a config without `http_options.host` is
 served on 127.0.0.1, said in one line.
@@ -99,12 +98,6 @@ def pinned_models(args: dict, environ=None) -> str:
         for k, v in saved.items():
             os.environ.pop(k) if v is None else os.environ.__setitem__(k, v)
     return " ".join(pinned)
-
-
-def _local_store(args: dict, environ=None) -> bool:
-    """Whether an application's models are read from a local MLflow store (sqlite:/// or file://), not a server."""
-    store = args.get("tracking_uri") or (os.environ if environ is None else environ).get("MLFLOW_TRACKING_URI") or ""
-    return isinstance(store, str) and store.startswith(("sqlite:///", "file://"))
 
 
 def missing_store(config: dict, environ=None) -> str | None:
@@ -221,14 +214,6 @@ def main(argv: list[str]) -> int:
     if note:
         print(note)
     if str(out) == "-":
-        try:  # a local store answers before a cluster starts: a model it does not have ends here (a server: later)
-            for app in (config.get("applications") or []) if isinstance(config, dict) else []:
-                args = app.get("args") if isinstance(app, dict) else None
-                if isinstance(args, dict) and _local_store(args):
-                    pinned_models(args)
-        except ValueError as exc:
-            print(f"serve: {exc}", file=sys.stderr)
-            return 2
         return 0
     try:
         if isinstance(config, dict):

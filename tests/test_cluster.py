@@ -227,22 +227,6 @@ def test_serve_arguments_from_the_command_line_set_every_application_and_keep_th
     assert serve_config.missing_store(yaml.safe_load(before)) is None
 
 
-def test_make_serves_check_asks_a_local_store_for_the_model_before_a_cluster_starts(tmp_path, monkeypatch, capsys):
-    """`make serve TASK=qqp` before `make run TASK=qqp`: the check it runs before starting a cluster (OUT "-") asks a
-    local store, so the missing model ends it there (it started a cluster, failed in the deploy and stopped it)."""
-    import mlflow
-
-    serve_config = _script("serve_config")
-    store = f"sqlite:///{tmp_path / 'mlflow.db'}"
-    mlflow.MlflowClient(store).search_registered_models()  # a store with no model in it
-    monkeypatch.setenv("MLFLOW_TRACKING_URI", store)
-    config = str(CLUSTER.parent / "serving" / "config.yaml")
-    assert serve_config.main([config, "-", "model_uri=models:/pair-residual-qqp@champion"]) == 2
-    assert "Registered Model with name=pair-residual-qqp not found" in capsys.readouterr().err
-    monkeypatch.setenv("MLFLOW_TRACKING_URI", "http://127.0.0.1:9")  # a server (the cluster's, not up yet): not asked
-    assert serve_config.main([config, "-", "model_uri=models:/pair-residual-qqp@champion"]) == 0
-
-
 def test_a_serve_config_copy_names_the_code_and_the_model_versions_its_replicas_run(tmp_path, monkeypatch):
     """Serve keeps the replicas of a deploy whose config did not change (and runs no builder, which resolves an
     alias), and they run the code they imported when they started: the copy `local.sh serve` deploys names the code
