@@ -5,9 +5,8 @@ A task split is a `PairData`: two aligned lists of sentences, the normalised gol
 (STS-B: score/5 in [0, 1]; MRPC, QQP, PAWS: 0/1) and the `raw_label` as published.
 
 Sources. The mirror (`../shared/data` layout, chosen by `data_dir=` or $EMBED_DATA_DIR, else found beside the
-clone, as `make` finds it) and the
-Hub hold the same columns. Where a source lacks a labelled split, a seeded split of another one
-is made and described in `PairData.split_note`, which every result carries:
+clone as `make` finds it) and the Hub hold the same columns. Where a source lacks a labelled split, a seeded split
+of another one is made and described in `PairData.split_note`, which every result carries:
 - mirror PAWS: only labeled_final validation (8,000 pairs) -> 70/15/15 train/validation/test;
 - mirror QQP: a 15,497-pair subset of GLUE train -> 70/15/15 train/validation/test;
 - Hub QQP: GLUE test labels are hidden -> GLUE validation split 50/50 into validation/test;
@@ -32,7 +31,7 @@ DERIVED_SEED = 0
 
 
 #: where a clone of this repository finds the mirror when $EMBED_DATA_DIR is unset: beside it, as `make` and
-#: cluster/local.sh look for it (`python -m embed_lib ...` run by hand in a fresh clone read the Hub instead)
+#: cluster/local.sh look for it (before, `python -m embed_lib ...` run by hand in a fresh clone read the Hub)
 BESIDE_THE_CLONE = Path(__file__).resolve().parents[2].parent / "shared" / "data"
 
 
