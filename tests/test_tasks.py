@@ -111,6 +111,17 @@ def test_the_mirror_beside_the_clone_is_the_default_as_make_finds_it(monkeypatch
     assert tasks.default_data_dir() == tmp_path / "elsewhere"
     monkeypatch.setenv("EMBED_DATA_DIR", "")
     assert tasks.default_data_dir() is None
+    monkeypatch.delenv("EMBED_DATA_DIR")
+
+    class Denied:  # a folder this user may not look into (a worker node's user beside the head's files)
+        def __truediv__(self, name):
+            return self
+
+        def is_file(self):
+            raise PermissionError(13, "Permission denied")
+
+    monkeypatch.setattr(tasks, "BESIDE_THE_CLONE", Denied())
+    assert tasks.default_data_dir() is None
 
 
 def test_a_split_knows_the_mirror_it_came_from(data_dir):

@@ -41,7 +41,11 @@ def default_data_dir() -> Path | None:
     value = os.environ.get("EMBED_DATA_DIR")
     if value is not None:
         return Path(value).absolute() if value else None
-    return BESIDE_THE_CLONE if (BESIDE_THE_CLONE / "stsb" / "train.parquet").is_file() else None
+    try:
+        beside = (BESIDE_THE_CLONE / "stsb" / "train.parquet").is_file()
+    except OSError:  # a folder this user may not look into (a worker node's user beside the head's files): none
+        beside = False
+    return BESIDE_THE_CLONE if beside else None
 
 
 @dataclass(frozen=True)
