@@ -180,7 +180,7 @@ class Ingress(NearCacheWarming):
         cut = body.truncation(self.manifest["max_seq_length"])
         ranked = (await self._ranked(body.query, texts, cut))[: body.top_n or len(texts)]
         results = [{"index": r["index"], "relevance_score": r["score"],
-                    **({"document": {"text": texts[r["index"]]}} if body.return_documents else {})} for r in ranked]
+                    **({"document": body.document(r["index"])} if body.return_documents else {})} for r in ranked]
         return json_response({"id": str(uuid.uuid4()), "results": results, "model": self.model_name,
                       "meta": {"api_version": {"version": version}, "billed_units": {"search_units": 1}}})
 

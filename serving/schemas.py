@@ -182,6 +182,12 @@ class RerankRequest(BaseModel):
         n = self.max_tokens_per_doc
         return None if n is None or n >= max_seq_length else Truncation("max_tokens_per_doc", keep=n, query=False)
 
+    def document(self, i: int) -> dict[str, str]:
+        """Document i as the request gave it (Cohere's return_documents): an object with all its fields, a string as
+        {"text": ...}; not the 'field: value' lines its rank_fields were scored as."""
+        d = self.documents[i]
+        return d if isinstance(d, dict) else {"text": d}
+
     def texts(self) -> list[str]:
         """The documents as texts (422 naming the document and the field where one lacks it)."""
         out = []
@@ -254,7 +260,9 @@ class ScoreResponse(BaseModel):
 
 
 class RerankDocument(BaseModel):
-    text: str
+    """A document as the request gave it: a string as {"text": ...}, an object with all its fields."""
+    model_config = ConfigDict(extra="allow")
+    text: str | None = None
 
 
 class RerankResult(BaseModel):

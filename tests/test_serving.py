@@ -289,7 +289,7 @@ def test_large_warms_are_background_jobs(served):
 
 def test_the_official_cohere_sdk_reranks_through_v1_and_v2(served, encoder):
     """The real `cohere` SDK pointed at the service: ClientV2.rerank (POST /v2/rerank) and Client.rerank
-    (POST /v1/rerank, documents as objects, return_documents), ranked like the library; a model name
+    (POST /v1/rerank, documents as objects, return_documents: each as passed in), ranked like the library; a model name
     the service does not serve is a 404 the SDK raises as NotFoundError."""
     import cohere
 
@@ -301,10 +301,12 @@ def test_the_official_cohere_sdk_reranks_through_v1_and_v2(served, encoder):
     assert [r.index for r in r2.results] == expected[:2]
     assert r2.results[0].relevance_score >= r2.results[1].relevance_score
     v1 = cohere.Client(api_key="unused", base_url=served["url"])
-    r1 = v1.rerank(model="pair-residual-stsb", query=query, documents=[{"text": d} for d in docs],
+    r1 = v1.rerank(model="pair-residual-stsb", query=query, documents=[{"text": d, "id": f"doc-{i}"}
+                                                                        for i, d in enumerate(docs)],
                    return_documents=True)
     assert [r.index for r in r1.results] == expected
-    assert r1.results[0].document.text == docs[expected[0]]
+    # the documents passed in, every field kept (the SDK's document model allows the extra fields)
+    assert r1.results[0].document.text == docs[expected[0]] and r1.results[0].document.id == f"doc-{expected[0]}"
     with pytest.raises(cohere.errors.NotFoundError) as e:
         v2.rerank(model="rerank-english-v3.0", query=query, documents=docs)
     assert "pair-residual-stsb" in str(e.value.body)

@@ -151,6 +151,41 @@ def test_scores_and_baselines_never_leave_the_unit_interval():
         assert np.all(np.abs(out["score"]) <= 1.0) and np.all(np.abs(out["baseline"]) <= 1.0)
 
 
+def _ingress_over(table: dict, scorer):
+    """An Ingress whose encoder answers the vectors of `table` (text -> vector), scoring with `scorer`."""
+    class Table:
+        class embed:
+            @staticmethod
+            async def remote(texts):
+                return np.stack([table[t] for t in texts])
+
+    ingress = _ingress()
+    ingress.encoder, ingress.scorer, ingress.manifest = Table(), scorer, {"max_seq_length": 256}
+    return ingress
+
+
+def test_cohere_return_documents_gives_each_document_as_the_request_did():
+    """Objects with all their fields (Cohere: "all other fields will be preserved in the response"), strings as
+    {"text": ...}; not the 'field: value' lines that rank_fields were scored as."""
+    import json
+
+    from serving.schemas import RerankRequest
+    from serving.scorer import PairScorer
+
+    docs = [{"title": "Guitars", "text": "A man plays.", "id": "7"}, {"title": "Markets", "text": "Stocks fell."}]
+    joined = ["title: Guitars\ntext: A man plays.", "title: Markets\ntext: Stocks fell."]
+    rng = np.random.default_rng(1)
+    table = {t: rng.standard_normal(8).astype(np.float32) for t in ["q", *joined, "plain"]}
+    ingress = _ingress_over(table, PairScorer(_model(), {"name": "m", "version": "1"}))
+    body = RerankRequest(query="q", documents=docs, rank_fields=["title", "text"], return_documents=True)
+    results = json.loads(asyncio.run(ingress._cohere_rerank(body, "1")).body)["results"]
+    assert sorted(r["index"] for r in results) == [0, 1]
+    assert all(r["document"] == docs[r["index"]] for r in results)
+    body = RerankRequest(query="q", documents=["plain"], return_documents=True)
+    assert json.loads(asyncio.run(ingress._cohere_rerank(body, "2")).body)["results"][0]["document"] == {
+        "text": "plain"}
+
+
 def test_rerank_orders_the_pairs_the_clip_ties_by_the_models_score():
     """Near-duplicates of the query that the model scores above 1 are all answered 1.0 (the clip to [-1, 1]), and
     ranked in the model's order, not the documents' (a query's exact copy was ranked behind a paraphrase); TEI's
@@ -164,18 +199,10 @@ def test_rerank_orders_the_pairs_the_clip_ties_by_the_models_score():
     q = rng.standard_normal(8).astype(np.float32)
     table = {"q": q, **{f"d{i}": (q + 0.1 * rng.standard_normal(8)).astype(np.float32) for i in range(12)}}
     docs = [t for t in table if t != "q"]
-
-    class Table:
-        class embed:
-            @staticmethod
-            async def remote(texts):
-                return np.stack([table[t] for t in texts])
-
     model = _model()
     expected = ensemble_scores(model, np.stack([q] * len(docs)), np.stack([table[d] for d in docs]))["score"]
     assert (expected > 1).sum() >= 2  # the case: several documents the clip ties at 1.0
-    ingress = _ingress()
-    ingress.encoder, ingress.scorer = Table(), PairScorer(model, {"name": "m"})
+    ingress = _ingress_over(table, PairScorer(model, {"name": "m"}))
     ranked = asyncio.run(ingress._ranked("q", docs))
     assert [r["index"] for r in ranked] == np.argsort(-expected, kind="stable").tolist()
     np.testing.assert_allclose([r["score"] for r in ranked], np.clip(np.sort(expected)[::-1], -1, 1), atol=1e-6)
