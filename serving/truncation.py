@@ -64,10 +64,11 @@ async def truncated_pairs(encoder, pairs: list[tuple[str, str]], spec: Truncatio
     except ValueError as exc:  # the encoder's reason, without Ray's traceback
         raise ApiError(422, f"{spec.field}: {str(exc).splitlines()[-1].removeprefix('ValueError: ')}",
                        spec.field) from None
+    tokens = dict(zip(texts, counts))
     if spec.strict and any(n > most for n in counts):
-        i, j = next((i, j) for i, p in enumerate(pairs) for j in sides if counts[texts.index(p[j])] > most)
+        i, j = next((i, j) for i, p in enumerate(pairs) for j in sides if tokens[p[j]] > most)
         name = ("query" if j == 0 else f"{spec.texts_field}[{i}]") if spec.texts_field else f"pairs[{i}][{j}]"
-        raise ApiError(413, f"{name} has {counts[texts.index(pairs[i][j])]} tokens; the encoder reads at most {most} "
-                            f"of a text. Send {spec.field}=true to cut it, or a shorter text.", name)
+        raise ApiError(413, f"{name} has {tokens[pairs[i][j]]} tokens; the encoder reads at most {most} of a text. "
+                            f"Send {spec.field}=true to cut it, or a shorter text.", name)
     new = dict(zip(texts, cut))
     return [(new.get(a, a), new[b]) for a, b in pairs]
