@@ -119,7 +119,8 @@ class Ingress(NearCacheWarming):
                            truncation: Truncation | None = None) -> dict[str, Any]:
         """Every pair's score, its texts first cut as `truncation` asks (serving/truncation.py); `cascade` ({budget,
         routing, seed}) re-scores the routed pairs with the cross-encoder (embed_lib.training.cascade.route).
-        'unclipped': the adapter's scores before their clip to [-1, 1], for `_ranked` (not part of a response)."""
+        'unclipped': the scores before their clip to [-1, 1] (a routed pair's the cross-encoder's), for `_ranked` (not
+        part of a response)."""
         if (cascade or scorer == "cross_encoder") and self.ce_score is None:
             raise ApiError(422, "cascade / budget / scorer='cross_encoder' need a cross-encoder: start the app with "
                                 "cross_encoder=<models:/cross-encoder-<task>/<version>, folder, id or path>.",
@@ -139,13 +140,16 @@ class Ingress(NearCacheWarming):
                 raise ApiError(422, str(exc), "routing") from None
             info = {**{k: v for k, v in cascade.items() if k != "seed"}, "routed": int(len(routed)),
                     "familiarity": float(out["novelty"].mean()), "cross_encoder": self.args.cross_encoder}
-        to_ce = set(routed.tolist())
+        to_ce, unclipped = set(routed.tolist()), out["unclipped"]
+        if len(routed):
+            unclipped = np.array(unclipped, np.float64)
+            unclipped[routed] = scores[routed]
         # whole arrays to Python floats at once: per-pair numpy calls cost ~0.2 ms of a ~1.7 ms 32-pair request
         rows = zip(as_served(scores).tolist(), out["baseline"].tolist(), out["difficulty"].tolist())
         data = [{"index": i, "score": s, "baseline": b, "difficulty": None if math.isnan(d) else d,
                  **({"path": "cross_encoder" if i in to_ce else "adapter"} if cascade else {})}
                 for i, (s, b, d) in enumerate(rows)]
-        return {"data": data, **({"cascade": info} if info else {}), "unclipped": out["unclipped"]}
+        return {"data": data, **({"cascade": info} if info else {}), "unclipped": unclipped}
 
     @api.post("/v1/score", response_model=None, responses={200: {"model": ScoreResponse}, **ERRORS})
     async def score(self, body: ScoreRequest) -> Response:
@@ -163,26 +167,34 @@ class Ingress(NearCacheWarming):
                       "model": self.model_name, **out})
 
     async def _ranked(self, query: str, documents: list[str], truncation: Truncation | None = None,
-                      field: str = "documents", raw: bool = False) -> list[dict[str, Any]]:
-        """The documents' rows, best first (`best_first`); `raw`: each score before its clip to [-1, 1]."""
+                      field: str = "documents", raw: bool = False) -> tuple[list[dict[str, Any]], dict[str, str]]:
+        """The documents' rows, best first (`best_first`), and the response's headers: with the app's rerank_budget,
+        the cascade's routed documents and familiarity (Cohere's and TEI's bodies have no place for them); `raw`:
+        each score before its clip to [-1, 1]."""
         check_texts("query", [query], self.args.max_text_chars)
         check_texts(field, documents, self.args.max_text_chars, max_items=self.args.max_documents)
-        out = await self._guarded(self._score_pairs([(query, d) for d in documents], truncation=truncation))
-        data, unclipped = out["data"], out["unclipped"]
+        pairs = [(query, d) for d in documents]
+        cascade = self.args.rerank_cascade(self.scorer.default_routing(), pairs)
+        out = await self._guarded(self._score_pairs(pairs, cascade=cascade, truncation=truncation))
+        data, unclipped, info = out["data"], out["unclipped"], out.get("cascade")
         if raw:
             for row, s in zip(data, unclipped.tolist()):
                 row["score"] = s
-        return [data[i] for i in best_first([r["score"] for r in data], unclipped)]
+        headers = {"x-cascade-routed": str(info["routed"]), "x-cascade-familiarity": f"{info['familiarity']:.4f}"
+                   } if info else {}
+        return [data[i] for i in best_first([r["score"] for r in data], unclipped)], headers
 
     async def _cohere_rerank(self, body: RerankRequest, version: str) -> Response:
         check_requested_model(body.model, self.scorer.info)
         texts = body.texts()
         cut = body.truncation(self.manifest["max_seq_length"])
-        ranked = (await self._ranked(body.query, texts, cut))[: body.top_n or len(texts)]
+        ranked, headers = await self._ranked(body.query, texts, cut)
+        ranked = ranked[: body.top_n or len(texts)]
         results = [{"index": r["index"], "relevance_score": r["score"],
                     **({"document": body.document(r["index"])} if body.return_documents else {})} for r in ranked]
         return json_response({"id": str(uuid.uuid4()), "results": results, "model": self.model_name,
-                      "meta": {"api_version": {"version": version}, "billed_units": {"search_units": 1}}})
+                      "meta": {"api_version": {"version": version}, "billed_units": {"search_units": 1}}},
+                             headers=headers)
 
     @api.post("/v1/rerank", response_model=None, responses={200: {"model": RerankResponse}, **ERRORS})
     async def rerank(self, body: RerankRequest) -> Response:
@@ -198,9 +210,11 @@ class Ingress(NearCacheWarming):
     @api.post("/rerank", response_model=list[TeiRank], responses=ERRORS)
     async def rerank_tei(self, body: TeiRerankRequest) -> Response:
         """Text Embeddings Inference's rerank: `{"query", "texts"}` -> `[{"index", "score", "text"?}]`."""
-        ranked = await self._ranked(body.query, body.texts, body.truncation(), field="texts", raw=body.raw_scores)
-        return json_response([{"index": r["index"], "score": r["score"],
-                       **({"text": body.texts[r["index"]]} if body.return_text else {})} for r in ranked])
+        ranked, headers = await self._ranked(body.query, body.texts, body.truncation(), field="texts",
+                                             raw=body.raw_scores)
+        rows = [{"index": r["index"], "score": r["score"],
+                 **({"text": body.texts[r["index"]]} if body.return_text else {})} for r in ranked]
+        return json_response(rows, headers=headers)
 
     @api.post("/v1/warm", responses=error_responses(400, 413, 422, 500, 503, 504))
     async def warm(self, body: WarmRequest) -> dict[str, Any]:
@@ -254,6 +268,7 @@ class Ingress(NearCacheWarming):
                           "embedding_cache": await self.encoder.stats.remote(), **caches,
                           "cross_encoder": (await self._cross_encoder_info()) if self.ce_score else None,
                           "cascade_budget": a.cascade_budget, "cascade_familiarity_floor": a.cascade_familiarity_floor,
+                          "rerank_budget": a.rerank_budget,
                           "limits": a.limits()}]}
 
 

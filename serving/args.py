@@ -5,7 +5,7 @@ from typing import Any, Literal
 
 from pydantic import BaseModel, ConfigDict, Field, ValidationError, model_validator
 
-from embed_lib.training.cascade import FAMILIARITY_FLOOR
+from embed_lib.training.cascade import FAMILIARITY_FLOOR, pairs_seed
 
 
 #: the default ceiling of a warm body (max_warm_body_bytes): 256 MiB, about 100,000 texts of 2,000 ASCII characters
@@ -85,11 +85,32 @@ class AppArgs(BaseModel):
         "pairs for any to go to the cross-encoder: an unfamiliar request (off the adapter's training data, where the "
         "cross-encoder harmed) is scored by the adapter alone; 0 routes every request (a request may set its own "
         "`familiarity_floor`; embed_lib.training.cascade)")
+    rerank_budget: float = Field(0.0, ge=0, le=1, description="fraction of each re-ranking request's documents "
+                                 "(/v1/rerank, /v2/rerank, /rerank) sent to the cross-encoder, routed as /v1/score's "
+                                 "cascade routes a request's pairs (the adapter's default routing, "
+                                 "cascade_familiarity_floor); 0: the adapter alone scores them. Needs cross_encoder")
     encoder: Replicas = Replicas(min=1, max=2, num_cpus=0.5)
     ingress: Replicas = Replicas(min=1, max=2, num_cpus=0.5)
     ingress_target_cpu: float = Field(0.5, gt=0, le=8, description="share of one core an ingress replica uses on "
                                       "average before the autoscaler adds another (serving/autoscale.py); lower "
                                       "scales out sooner, e.g. on a node whose cores other work shares")
+
+    @model_validator(mode="after")
+    def _rerank_budget_has_a_cross_encoder(self) -> "AppArgs":
+        if self.rerank_budget > 0 and not self.cross_encoder:
+            raise ValueError(f"rerank_budget={self.rerank_budget} routes documents to a cross-encoder, and none is "
+                             "configured: give cross_encoder=<models:/cross-encoder-<task>/<version>, folder, id or "
+                             "path>, or rerank_budget=0")
+        return self
+
+    def rerank_cascade(self, routing: str, pairs: list[tuple[str, str]]) -> dict[str, Any] | None:
+        """The cascade of a re-ranking request's (query, document) pairs: rerank_budget of them, routed by `routing`
+        (the served adapter's default) under cascade_familiarity_floor, seeded by the pairs as /v1/score seeds a
+        request without routing_seed; None at rerank_budget=0."""
+        if not self.rerank_budget:
+            return None
+        return {"budget": self.rerank_budget, "routing": routing, "seed": pairs_seed(pairs), "combine": "replace",
+                "familiarity_floor": self.cascade_familiarity_floor}
 
     def body_limit(self) -> int:
         """max_body_bytes, else the largest body the other limits let through: max_pairs pairs (or a query and

@@ -398,7 +398,8 @@ def test_a_served_cross_encoder_scores_concurrent_requests_like_the_library(serv
     its own deployment or inside the ingress replica: concurrent requests, batched together, each get exactly the
     library's scores for their own pairs, whole (scorer="cross_encoder") or routed by a cascade budget, of one or
     two pairs, interleaved, all through the hot route (serving/hot.py); /v1/models says where the cross-encoder
-    runs, and Serve runs a cross-encoder deployment only for that placement."""
+    runs, and Serve runs a cross-encoder deployment only for that placement. With the app's rerank_budget at 1, the
+    re-ranking endpoints rank by the cross-encoder's scores and say so in their headers."""
     import ray
     import torch
     from ray import serve
@@ -414,7 +415,7 @@ def test_a_served_cross_encoder_scores_concurrent_requests_like_the_library(serv
     CrossEncoder(resolve_model("minilm"), num_labels=1, device="cpu").save(str(folder))
     small = {"min": 1, "max": 1, "num_cpus": 0.05}
     serve.run(build_app({**served["args"], "max_inflight": 16, "cross_encoder": str(folder), "encoder": small,
-                         "ingress": small, "cross_encoder_placement": placement}), name="cascade",
+                         "ingress": small, "cross_encoder_placement": placement, "rerank_budget": 1.0}), name="cascade",
               route_prefix="/cascade")
     try:
         deployments = set(serve.status().applications["cascade"].deployments)
@@ -435,9 +436,20 @@ def test_a_served_cross_encoder_scores_concurrent_requests_like_the_library(serv
             if "budget" in body:  # an adapter without a novelty gate: every request familiar, none held back
                 assert r.json()["cascade"]["familiarity"] == 1.0 and r.json()["cascade"]["familiarity_floor"] == (
                     info["cascade_familiarity_floor"]) == FAMILIARITY_FLOOR
+        docs = [b for _, b in PAIRS]
+        expected = np.clip(reference.score([(PAIRS[0][0], d) for d in docs]), -1, 1)
+        tei = requests.post(served["url"] + "/cascade/rerank", json={"query": PAIRS[0][0], "texts": docs}, timeout=60)
+        cohere = requests.post(served["url"] + "/cascade/v1/rerank", json={"query": PAIRS[0][0], "documents": docs},
+                               timeout=60)
+        for r, score in ((tei, "score"), (cohere, "relevance_score")):
+            assert r.status_code == 200 and r.headers["x-cascade-routed"] == str(len(docs)), r.text
+            rows = r.json() if r is tei else r.json()["results"]
+            assert [x["index"] for x in rows] == np.argsort(-expected, kind="stable").tolist()
+            assert [x[score] for x in rows] == pytest.approx(np.sort(expected)[::-1].tolist(), abs=1e-5)
         # the one ingress replica answered all of them past FastAPI's routing, under the app's route prefix
         (info,) = requests.get(served["url"] + "/cascade/v1/models", timeout=30).json()["data"]
-        assert info["hot_routes"] == {"/v1/score": 12, "/v1/rerank": 0, "/v2/rerank": 0, "/rerank": 0}
+        assert info["hot_routes"] == {"/v1/score": 12, "/v1/rerank": 1, "/v2/rerank": 0, "/rerank": 1}
+        assert info["rerank_budget"] == 1.0
         # access_log is off (the app's default) in the cross-encoder's deployment too: no line per call
         logs = Path(ray._private.worker._global_node.get_session_dir_path()) / "logs" / "serve"
         calls = [line for f in logs.glob("replica_cascade_*.log") for line in f.read_text().splitlines()

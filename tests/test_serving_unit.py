@@ -203,12 +203,59 @@ def test_rerank_orders_the_pairs_the_clip_ties_by_the_models_score():
     expected = ensemble_scores(model, np.stack([q] * len(docs)), np.stack([table[d] for d in docs]))["score"]
     assert (expected > 1).sum() >= 2  # the case: several documents the clip ties at 1.0
     ingress = _ingress_over(table, PairScorer(model, {"name": "m"}))
-    ranked = asyncio.run(ingress._ranked("q", docs))
+    ranked, headers = asyncio.run(ingress._ranked("q", docs))
+    assert headers == {}  # no rerank_budget: no cascade
     assert [r["index"] for r in ranked] == np.argsort(-expected, kind="stable").tolist()
     np.testing.assert_allclose([r["score"] for r in ranked], np.clip(np.sort(expected)[::-1], -1, 1), atol=1e-6)
-    raw = asyncio.run(ingress._ranked("q", docs, raw=True))  # TEI's raw_scores: the scores before the clip
+    raw, _ = asyncio.run(ingress._ranked("q", docs, raw=True))  # TEI's raw_scores: the scores before the clip
     assert [r["index"] for r in raw] == [r["index"] for r in ranked]
     np.testing.assert_allclose([r["score"] for r in raw], np.sort(expected)[::-1], atol=1e-6)
+
+
+def test_rerank_budget_routes_the_gates_hardest_documents_to_the_cross_encoder():
+    """rerank_budget=0.25 of 12 documents: the 3 the gate rates hardest get the cross-encoder's scores (Cohere's and
+    TEI's requests carry no budget: the app's), ranked by them (two it puts above 1: tied at 1.0 as served, in its
+    order); the headers say what was routed; without a cross-encoder the option is refused, naming both."""
+    import json
+
+    from embed_lib.training.export import ensemble_scores
+    from serving.args import AppArgs
+    from serving.schemas import RerankRequest
+    from serving.scorer import PairScorer
+
+    rng = np.random.default_rng(0)
+    q = rng.standard_normal(8).astype(np.float32)
+    table = {"q": q, **{f"d{i}": rng.standard_normal(8).astype(np.float32) for i in range(12)}}
+    docs = [t for t in table if t != "q"]
+    model = _model()
+    adapter = ensemble_scores(model, np.stack([q] * len(docs)), np.stack([table[d] for d in docs]))
+    hardest = np.sort(np.argsort(-adapter["difficulty"])[:3])  # by hand: 0.25 x 12 = 3, the gate's hardest
+    # the cross-encoder puts above 1 (both answered 1.0) first the one of the two that the adapter puts lower
+    top, other = sorted(hardest[:2], key=lambda i: adapter["score"][i])
+    ce = {top: 1.2, other: 1.05, hardest[2]: -0.4}
+    sent = []
+
+    async def cross_encoder(pairs):
+        sent.append(list(pairs))
+        return np.array([ce[i] for i in hardest])
+
+    ingress = _ingress_over(table, PairScorer(model, {"name": "m", "version": "1"}))
+    ingress.args = AppArgs(rerank_budget=0.25, cross_encoder="stub", cascade_familiarity_floor=0.0)
+    ingress.ce_score, ingress._ce_info = cross_encoder, {"middle": 0.5}
+    ranked, headers = asyncio.run(ingress._ranked("q", docs))
+    assert sent == [[("q", docs[i]) for i in hardest]] and headers["x-cascade-routed"] == "3"
+    served = np.clip(adapter["score"], -1, 1)
+    served[hardest] = np.clip([ce[i] for i in hardest], -1, 1)
+    assert [r["index"] for r in ranked[:2]] == [top, other]  # 1.2 before 1.05, both answered 1.0
+    np.testing.assert_allclose([r["score"] for r in ranked], np.sort(served)[::-1], atol=1e-6)
+    body = RerankRequest(query="q", documents=docs, top_n=2)
+    response = asyncio.run(ingress._cohere_rerank(body, "2"))
+    assert response.headers["x-cascade-routed"] == "3" and float(response.headers["x-cascade-familiarity"]) == 1.0
+    assert [r["index"] for r in json.loads(response.body)["results"]] == [top, other]
+    assert AppArgs(rerank_budget=0.1, cross_encoder="x").rerank_cascade("difficulty", [("a", "b")])[
+        "familiarity_floor"] == AppArgs().cascade_familiarity_floor
+    with pytest.raises(ValueError, match=r"rerank_budget=0.1 routes documents to a cross-encoder.*cross_encoder="):
+        AppArgs.parse({"rerank_budget": 0.1})
 
 
 @pytest.mark.parametrize("text,rule", [
