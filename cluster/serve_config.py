@@ -176,9 +176,9 @@ def overridden(config: dict, pairs: list[str]) -> dict:
         try:
             AppArgs(**app["args"])
         except ValidationError as exc:
-            err = exc.errors()[0]
-            raise ValueError(f"{'.'.join(str(p) for p in err['loc'])}: {err['msg']} "
-                             f"(application {app.get('name')!r}).") from None
+            err = exc.errors()[0]  # a validator's own message, without pydantic's "Value error, " before it
+            where, msg = ".".join(str(p) for p in err["loc"]), err["msg"].removeprefix("Value error, ")
+            raise ValueError(f"{where + ': ' if where else ''}{msg} (application {app.get('name')!r}).") from None
     return config
 
 

@@ -180,6 +180,14 @@ def test_serve_arguments_from_the_command_line_set_every_application_and_keep_th
     with pytest.raises(ValueError, match=r"^cascade_budget: Input should be less than or equal to 1 \(application "
                                          r"'pair-scorer'\)"):
         serve_config.overridden(yaml.safe_load(before), ["cascade_budget=2"])
+    # a validator's own message as it wrote it: a rule of the whole application (no field before it), or of one field
+    with pytest.raises(ValueError, match=r"^rerank_budget=0.1 routes documents to a cross-encoder, and none is "
+                                         r"configured: give cross_encoder=.*\(application 'pair-scorer'\)\.$"):
+        serve_config.overridden(yaml.safe_load(before), ["rerank_budget=0.1", "cross_encoder=null"])
+    with pytest.raises(ValueError, match=r"^encoder: min=3 is above max=2; give min <= max \(application "):
+        serve_config.overridden(yaml.safe_load(before), ["encoder={min: 3, max: 2}"])
+    assert serve_config.overridden(yaml.safe_load(before), ["rerank_budget=0.1"])["applications"][0]["args"][
+        "rerank_budget"] == 0.1
     with pytest.raises(ValueError, match="the config lists no application"):
         serve_config.overridden({}, ["max_pairs=8"])
     # http_options.port / .host (`make serve SERVE_PORT=8001`): the config's own HTTP options, checked
