@@ -196,8 +196,13 @@ finally:
     cluster.shutdown()
 print(proc.returncode, proc.stderr.strip().splitlines()[-1])
 """
-    env = {k: v for k, v in os.environ.items()
-           if k not in ("RAY_ENABLE_WINDOWS_OR_OSX_CLUSTER", "RAY_AUTH_MODE", "RAY_AUTH_TOKEN_PATH")}
+    # Cluster writes the head's address to <RAY_TMPDIR or /tmp>/ray/ray_current_cluster, a folder it does not make
+    # (FileNotFoundError on a machine where no Ray ran yet), and a developer's `ray.init()` would then join this
+    # cluster: the file goes inside the cluster's own folder
+    os.makedirs(os.path.join(short, "ray"))
+    env = {**{k: v for k, v in os.environ.items()
+              if k not in ("RAY_ENABLE_WINDOWS_OR_OSX_CLUSTER", "RAY_AUTH_MODE", "RAY_AUTH_TOKEN_PATH")},
+           "RAY_TMPDIR": short}
     try:
         out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, env=env, cwd=tmp_path,
                              timeout=400)
