@@ -58,6 +58,19 @@ async def docs() -> HTMLResponse:
 
 ERRORS = error_responses(400, 404, 413, 422, 500, 503, 504)
 WARM_ERRORS = error_responses(400, 413, 422, 500, 503)  # POST /v1/warm/jobs
+#: the headers of a re-ranking response whose documents went through the cascade (the app's rerank_budget)
+CASCADE_HEADERS = {
+    "x-cascade-routed": {"description": "documents the cascade sent to the cross-encoder (only with the app's "
+                                        "rerank_budget above 0)", "schema": {"type": "integer"}},
+    "x-cascade-familiarity": {"description": "the request's mean novelty-gate weight, which the app's "
+                                             "cascade_familiarity_floor reads (only with rerank_budget above 0)",
+                              "schema": {"type": "number"}}}
+
+
+def reranked(model: Any = None) -> dict[int | str, dict[str, Any]]:
+    """The OpenAPI responses of a re-ranking route: its body `model` (else the route's response_model), the cascade's
+    headers, the errors."""
+    return {200: {**({"model": model} if model else {}), "headers": CASCADE_HEADERS}, **ERRORS}
 
 
 def found_job(job: dict[str, Any] | None, job_id: str) -> dict[str, Any]:

@@ -33,7 +33,7 @@ from ray import serve
 
 from embed_lib.training.export import as_served
 from serving import hot
-from serving.api import ERRORS, WARM_ERRORS, api, found_job, json_response
+from serving.api import ERRORS, WARM_ERRORS, api, found_job, json_response, reranked
 from serving.args import AppArgs, deployment_options, ingress_autoscaling, log_options
 from serving.autoscale import BUSY, CpuShare
 from serving.deployments import (CROSS_ENCODER_CPUS, SHUTDOWN_POLL_S, CrossEncoderScorer, EncodeError, Encoder,
@@ -196,18 +196,18 @@ class Ingress(NearCacheWarming):
                       "meta": {"api_version": {"version": version}, "billed_units": {"search_units": 1}}},
                              headers=headers)
 
-    @api.post("/v1/rerank", response_model=None, responses={200: {"model": RerankResponse}, **ERRORS})
+    @api.post("/v1/rerank", response_model=None, responses=reranked(RerankResponse))
     async def rerank(self, body: RerankRequest) -> Response:
         """The documents ordered by their score against the query, best first (`top_n` of them): Cohere's
         v1 rerank request and response."""
         return await self._cohere_rerank(body, "1")
 
-    @api.post("/v2/rerank", response_model=None, responses={200: {"model": RerankResponse}, **ERRORS})
+    @api.post("/v2/rerank", response_model=None, responses=reranked(RerankResponse))
     async def rerank_v2(self, body: RerankRequest) -> Response:
         """Cohere's v2 rerank (what `cohere.ClientV2.rerank` posts)."""
         return await self._cohere_rerank(body, "2")
 
-    @api.post("/rerank", response_model=list[TeiRank], responses=ERRORS)
+    @api.post("/rerank", response_model=list[TeiRank], responses=reranked())
     async def rerank_tei(self, body: TeiRerankRequest) -> Response:
         """Text Embeddings Inference's rerank: `{"query", "texts"}` -> `[{"index", "score", "text"?}]`."""
         ranked, headers = await self._ranked(body.query, body.texts, body.truncation(), field="texts",

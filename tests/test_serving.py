@@ -235,6 +235,11 @@ def test_docs_work_offline_and_the_spec_documents_every_error(served):
     assert score["422"]["content"]["application/json"]["schema"]["$ref"].endswith("/ErrorBody")
     assert score["200"]["content"]["application/json"]["schema"]["$ref"].endswith("/ScoreResponse")
     assert "413" in spec["paths"]["/v1/warm"]["post"]["responses"]
+    # the re-ranking routes: their bodies (Cohere's, TEI's), the cascade's headers (rerank_budget) and the errors
+    for path, body in (("/v1/rerank", "/RerankResponse"), ("/v2/rerank", "/RerankResponse"), ("/rerank", "TeiRank")):
+        answer = spec["paths"][path]["post"]["responses"]
+        assert set(answer["200"]["headers"]) == {"x-cascade-routed", "x-cascade-familiarity"} and "422" in answer
+        assert body in json.dumps(answer["200"]["content"]["application/json"]["schema"])
 
 
 def test_a_body_over_the_limit_is_refused_and_the_service_answers_on(served):
