@@ -49,3 +49,30 @@ def write_results(name: str, figures: dict) -> Path:
     print(json.dumps(figures, indent=2))
     print(f"wrote {out}")
     return out
+
+
+def add_champion_args(ap, backend: str = "torch") -> None:
+    """--model-uri, --cross-encoder and --cross-encoder-backend: the registered adapter and cross-encoder a cascade
+    benchmark reads (`champion_and_cross_encoder`)."""
+    ap.add_argument("--model-uri", default="models:/pair-residual-stsb@champion")
+    ap.add_argument("--cross-encoder", default="models:/cross-encoder-stsb@current")
+    ap.add_argument("--cross-encoder-backend", default=backend, choices=("torch", "onnx", "onnx-int8"))
+
+
+def champion_and_cross_encoder(args) -> tuple:
+    """(model, config, manifest, version, cross-encoder): the registered adapter at args.model_uri (an alias pinned
+    to its version once) and the cross-encoder args.cross_encoder, from the MLflow store of $MLFLOW_TRACKING_URI or
+    ./mlflow.db (`make run`, `make teacher`)."""
+    from embed_lib.cli.evaluate import _pinned
+    from embed_lib.config import default_cache_dir
+    from embed_lib.teacher.cross_encoder import PairCrossEncoder
+    from embed_lib.tracking.cross_encoder_registry import resolve_cross_encoder
+    from embed_lib.tracking.registry import load_registered
+    from embed_lib.tracking.runs import default_tracking_uri, require_store
+
+    store = require_store(default_tracking_uri())
+    pinned, version = _pinned(args.model_uri, store)
+    model, config, manifest = load_registered(pinned, store)
+    ce = PairCrossEncoder(resolve_cross_encoder(args.cross_encoder, store), backend=args.cross_encoder_backend,
+                          cache_root=default_cache_dir())
+    return model, config, manifest, version, ce

@@ -32,15 +32,11 @@ import time
 
 import numpy as np
 
-from benchmarks._common import write_results
-from embed_lib.cli.evaluate import _pinned
+from benchmarks._common import add_champion_args, champion_and_cross_encoder, write_results
 from embed_lib.config import default_cache_dir
 from embed_lib.data.tasks import load_task
 from embed_lib.encoding.cache import EmbeddingCache, encoder_for
 from embed_lib.teacher.cross_encoder import PairCrossEncoder
-from embed_lib.tracking.cross_encoder_registry import resolve_cross_encoder
-from embed_lib.tracking.registry import load_registered
-from embed_lib.tracking.runs import default_tracking_uri, require_store
 from embed_lib.training.cascade import default_policy, mix, route_requests
 from embed_lib.training.export import ensemble_scores
 from embed_lib.training.metrics import spearman
@@ -104,9 +100,7 @@ def choose(tasks: dict, own: str, floors: list[float], tolerance: float) -> dict
 
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
-    ap.add_argument("--model-uri", default="models:/pair-residual-stsb@champion")
-    ap.add_argument("--cross-encoder", default="models:/cross-encoder-stsb@current")
-    ap.add_argument("--cross-encoder-backend", default="torch", choices=("torch", "onnx", "onnx-int8"))
+    add_champion_args(ap)
     ap.add_argument("--tasks", default="stsb,mrpc,qqp,paws")
     ap.add_argument("--split", default="validation")
     ap.add_argument("--budget", type=float, default=0.1)
@@ -117,11 +111,7 @@ def main() -> None:
     args = ap.parse_args()
     t0 = time.perf_counter()
     floors = [float(f) for f in args.floors.split(",")]
-    store = require_store(default_tracking_uri())
-    pinned, version = _pinned(args.model_uri, store)
-    model, config, manifest = load_registered(pinned, store)
-    ce = PairCrossEncoder(resolve_cross_encoder(args.cross_encoder, store), backend=args.cross_encoder_backend,
-                          cache_root=default_cache_dir())
+    model, config, manifest, version, ce = champion_and_cross_encoder(args)
     tasks = {}
     for task in args.tasks.split(","):
         tasks[task] = task_figures(task, args.split, model, manifest, ce, args.budget, floors, args.orders)
