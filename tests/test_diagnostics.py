@@ -88,6 +88,13 @@ def test_the_first_run_projection_scales_the_teacher_by_each_hosts_stage():
     assert [h["within_target"] for h in out["hosts"]] == [True, False] and out["within_target"] == 1
     with pytest.raises(SystemExit, match="isa-cap"):  # runs measured without a cap are no such measurement
         project([{**capped[0], "isa_cap": None}], [("a", 0, host(220))], wall_max=400)
+    # today's stage does less arithmetic than the hosts' did: their speed is read against a reference run of the
+    # hosts' recipe on the same core (stage 220), today's teacher (170) scaled by it
+    reference = [{"isa_cap": "avx2", "commit": "r", "wall_s_by_stage": {"teacher_stage": 220, "teacher_folds": 90}}]
+    out = project(capped, [("a", 0, host(220)), ("a", 1, host(330))], wall_max=400, reference=reference)
+    assert [h["stage_over_capped"] for h in out["hosts"]] == [1.0, 1.5]
+    assert [h["estimate_wall_s"] for h in out["hosts"]] == [30 + 170, 30 + 170 * 1.5]
+    assert (out["capped_stage_s"], out["speed_from_stage_s"], out["speed_from_commits"]) == (110, 220, ["r"])
 
 
 def test_replica_cpu_counts_only_the_named_replicas_processes():
