@@ -99,9 +99,9 @@ def predict(ce, pairs: list[list[str]], cfg: TeacherConfig) -> np.ndarray:
 
 
 def _logits_in_batches(ce, pairs: list[list[str]], cfg: TeacherConfig) -> np.ndarray:
-    """(n,) float64 logits, in batches of at most max(batch_size, 32) pairs: sorted by characters (sentence-transformers'
-    predict), or by tokens under cfg.bucket_tokens (`encoding.batching`, as the served cross-encoder batches them).
-    The batches change the padding, never a pair's logit beyond rounding."""
+    """(n,) float64 logits in batches of at most max(batch_size, 32) pairs, sorted by characters (sentence-transformers'
+    predict) or, under cfg.bucket_tokens, by tokens (`encoding.batching`, as the served cross-encoder sorts them). The
+    batches change the padding, never a pair's logit beyond rounding."""
     batch = max(cfg.batch_size, 32)
     if not cfg.bucket_tokens:
         return np.asarray(ce.predict(pairs, batch_size=batch, show_progress_bar=False,
