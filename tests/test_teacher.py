@@ -66,6 +66,10 @@ class _FakeCE:
     def predict(self, pairs, **kw):
         return np.array([len(a) - 2.0 * len(b) for a, b in pairs])
 
+    @staticmethod
+    def tokenizer(a, b, **kw):  # a token per character, and three special ones
+        return {"input_ids": [[0] * (len(x) + len(y) + 3) for x, y in zip(a, b)]}
+
 
 def test_no_train_pair_is_scored_by_a_model_that_trained_on_it(tiny_splits, tmp_path, monkeypatch):
     made: list[_FakeCE] = []
@@ -140,41 +144,30 @@ def test_bucketed_batch_loss_equals_unbucketed(tiny_splits):
     assert float(whole) == pytest.approx(float(parts), abs=1e-5)
 
 
-def test_token_buckets_sort_by_what_the_model_reads_and_score_as_character_buckets_do(tiny_splits, monkeypatch):
-    """bucket_tokens: a pair's length is its tokens as the model reads them ([CLS] a [SEP] b [SEP], truncated at
-    max_length), not its characters; batches sorted by it pad fewer positions, training sorts by it, and the teacher's
-    scores are the same logits as with batches sorted by characters."""
-    cfg = TeacherConfig(max_length=32, bucket_tokens=True)
-    by_chars = dataclasses.replace(cfg, bucket_tokens=False)
+def test_scoring_batches_pairs_by_their_tokens_and_gives_the_logits_of_sentence_transformers(tiny_splits,
+                                                                                                monkeypatch):
+    """The teacher scores in batches sorted by each pair's tokens as the model reads them ([CLS] a [SEP] b [SEP],
+    truncated at max_length), not by its characters (sentence-transformers' own sort), with the same logits."""
+    from embed_lib.encoding.batching import SLACK
+
+    cfg = TeacherConfig(max_length=32)
     ce = recipe.load(cfg, "cpu", seed=0)
     # characters and tokens disagree: a long word is a few word pieces, each comma a token of its own
     pairs = [["a b", "c"], ["supercalifragilistic", "x"], [", , , , ,", "."], ["a " * 40, "b " * 40]]
-    assert recipe.pair_lengths(ce, pairs, by_chars).tolist() == [4, 21, 10, 160]
     # super ##cal ##if ##rag ##ilis ##tic; five commas and a full stop; 83 tokens cut at 32
-    assert recipe.pair_lengths(ce, pairs, cfg).tolist() == [3 + 3, 3 + 6 + 1, 3 + 5 + 1, 32]
-    assert recipe.pair_lengths(ce, [], cfg).tolist() == []
+    assert recipe.token_lengths(ce, pairs, 32).tolist() == [3 + 3, 3 + 6 + 1, 3 + 5 + 1, 32]
+    assert recipe.token_lengths(ce, [], 32).tolist() == [] and recipe.predict(ce, [], cfg).shape == (0,)
 
-    train = tiny_splits["train"]
-    both = T._pairs(train) + [[b, a] for a, b in T._pairs(train)]
-    tokens = recipe.pair_lengths(ce, both, cfg)
-    padded = {name: sum(len(b) * tokens[b].max() for b in recipe.length_batches(
-        recipe.pair_lengths(ce, both, c), 8, np.random.default_rng(0))) for name, c in (("chars", by_chars),
-                                                                                       ("tokens", cfg))}
-    assert tokens.sum() <= padded["tokens"] < padded["chars"]
-
-    val = T._pairs(tiny_splits["validation"])
-    np.testing.assert_allclose(recipe.predict(ce, val, cfg), recipe.predict(ce, val, by_chars), atol=1e-5)
-    assert recipe.predict(ce, [], cfg).shape == (0,)
-
-    seen, real = [], recipe.length_batches
-
-    def spy(lengths, *args, **kwargs):
-        seen.append(lengths)
-        return real(lengths, *args, **kwargs)
-
-    monkeypatch.setattr(recipe, "length_batches", spy)
-    recipe.fit(ce, T._pairs(train), train.label, dataclasses.replace(cfg, epochs=1, early_stopping_fraction=0.0), 0)
-    assert seen[0].tolist() == tokens.tolist()  # the training batches are sorted by the same tokens
+    val = T._pairs(tiny_splits["validation"]) + pairs
+    kw = dict(batch_size=32, show_progress_bar=False, activation_fn=torch.nn.Identity())
+    own_sort = (np.asarray(ce.predict(val, **kw)) + np.asarray(ce.predict([[b, a] for a, b in val], **kw))) / 2
+    batches, real = [], ce.predict
+    monkeypatch.setattr(ce, "predict", lambda ps, **k: batches.append(ps) or real(ps, **k))
+    np.testing.assert_allclose(recipe.predict(ce, val, dataclasses.replace(cfg, batch_size=4)), own_sort, atol=1e-5)
+    # each batch holds at most 32 pairs, none shorter than its longest / (1 + SLACK), longest batches first
+    lengths = [recipe.token_lengths(ce, b, 32) for b in batches]
+    assert sum(map(len, batches)) == 2 * len(val) and max(map(len, batches)) <= 32
+    assert all(x.max() <= x.min() * (1 + SLACK) for x in lengths) and lengths[0].max() == 32
 
 
 def test_no_weight_decay_on_biases_and_norms():
@@ -202,9 +195,6 @@ def test_presets():
     fast = TC.teacher_preset("fast")
     assert TC.preset_of(fast) == "fast" and TC.preset_of(TC.teacher_preset("light")) == "light"  # not one another
     assert (fast.precision, fast.freeze_embeddings, fast.folds, fast.lr) == ("bf16", True, 2, 1e-4)
-    # its batches are sorted by tokens; the study's recipes keep the character-sorted batches they were measured with
-    assert fast.bucket_tokens and not TC.teacher_preset("light").bucket_tokens
-    assert not TC.teacher_preset("strong").bucket_tokens
     # otherwise the light recipe: one epoch per fold, no early stopping, the same stage's tasks and pairs
     fast_rest = {k: v for k, v in dataclasses.asdict(fast).items() if k not in {*TC.LATER_FIELDS, "folds", "lr"}}
     assert fast_rest == {k: v for k, v in dataclasses.asdict(TC.teacher_preset("light")).items()
@@ -300,15 +290,13 @@ def test_intermediate_stage_rules_and_keys(tiny_splits, tmp_path):
 
 def test_later_fields_enter_the_keys_only_when_set(tiny_splits):
     bf16, frozen = dataclasses.replace(TINY, precision="bf16"), dataclasses.replace(TINY, freeze_embeddings=True)
-    layers, tokens = dataclasses.replace(TINY, freeze_layers=3), dataclasses.replace(TINY, bucket_tokens=True)
-    assert len({teacher_key(c, tiny_splits) for c in (TINY, bf16, frozen, layers, tokens)}) == 5
+    layers = dataclasses.replace(TINY, freeze_layers=3)
+    assert len({teacher_key(c, tiny_splits) for c in (TINY, bf16, frozen, layers)}) == 4
     staged = TeacherConfig(intermediate="others")
     stage_keys = {I.stage_key(c, tiny_splits) for c in
                   (staged, dataclasses.replace(staged, precision="bf16"),
-                   dataclasses.replace(staged, freeze_embeddings=True), dataclasses.replace(staged, freeze_layers=3),
-                   dataclasses.replace(staged, bucket_tokens=True))}
-    # a stage trained in bf16, with frozen embeddings or frozen layers, or on batches sorted by tokens is another stage
-    assert len(stage_keys) == 5
+                   dataclasses.replace(staged, freeze_embeddings=True), dataclasses.replace(staged, freeze_layers=3))}
+    assert len(stage_keys) == 4  # a stage trained in bf16, with frozen embeddings or frozen layers is another stage
     # the stage trains one epoch on one order, whatever the folds' epochs: the same stage
     assert I.stage_key(dataclasses.replace(staged, epochs=3), tiny_splits) == I.stage_key(
         staged, tiny_splits)

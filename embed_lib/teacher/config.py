@@ -17,8 +17,7 @@ OTHERS = "others"
 PRECISIONS = ("fp32", "bf16")
 #: fields added after teacher scores were first cached: left out of the cache keys at these defaults, so that
 #: every teacher cached before them keeps its key
-LATER_FIELDS = {"precision": "fp32", "freeze_embeddings": False, "stage_shards": 1, "freeze_layers": 0,
-                "bucket_tokens": False}
+LATER_FIELDS = {"precision": "fp32", "freeze_embeddings": False, "stage_shards": 1, "freeze_layers": 0}
 
 
 def check_spec(spec: str) -> None:
@@ -64,11 +63,6 @@ class TeacherConfig:
     both_orders: bool = True
     #: batches of pairs of similar length (shuffled in buckets, batches in random order)
     length_buckets: bool = True
-    #: what sorts pairs into batches, in training (the buckets) and in the teacher's own scoring: False, the pair's
-    #: characters (the study's recipes, as their figures were measured); True, its tokens as the tokenizer cuts them.
-    #: Characters are a loose proxy for tokens: batches of 16 sorted by them pad 28% more positions than the stage's
-    #: and STS-B's pairs hold, by tokens 3%, and every padded position costs the arithmetic of a real one
-    bucket_tokens: bool = False
     #: the arithmetic of training and of the teacher's own scoring: "fp32", or "bf16" (matmuls autocast to bfloat16;
     #: weights, gradients and optimizer state in fp32) where the hardware has it (AVX512-BF16 or AMX CPUs, bf16
     #: GPUs) and no ISA cap holds the process below it (ONEDNN_MAX_CPU_ISA, ATEN_CPU_CAPABILITY), else fp32, as the
@@ -118,7 +112,7 @@ PRESETS: dict[str, dict[str, Any]] = {
     "strong": dict(folds=3, epochs=3, patience=1, early_stopping_fraction=0.1, intermediate="others"),
     "light": dict(folds=3, epochs=1, early_stopping_fraction=0.0, intermediate="others"),
     "fast": dict(folds=2, lr=1e-4, epochs=1, early_stopping_fraction=0.0, intermediate="others", precision="bf16",
-                 freeze_embeddings=True, stage_shards=2, bucket_tokens=True),
+                 freeze_embeddings=True, stage_shards=2),
 }
 
 
