@@ -37,7 +37,7 @@ SORTS = ("chars", "tokens")
 
 def _scoring_batches(key: np.ndarray, sort: str, batch: int) -> list[np.ndarray]:
     """The scoring's batches: fixed chunks of the longest-first order by characters (sentence-transformers' predict),
-    or `encoding.batching`'s by tokens (what recipe.predict runs under bucket_tokens)."""
+    or `encoding.batching`'s by tokens (what recipe.predict runs)."""
     if sort == "tokens":
         return longest_first(key, batch)
     order = np.argsort(-key, kind="stable")

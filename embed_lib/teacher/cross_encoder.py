@@ -160,9 +160,7 @@ class PairCrossEncoder:
     def token_lengths(self, pairs: Sequence[Sequence[str]]) -> list[int]:
         """Tokens of each pair as the model reads it (both texts, special tokens, truncation)."""
         with self._tokenizing:
-            ids = self.ce.tokenizer([a for a, _ in pairs], [b for _, b in pairs], truncation=True,
-                                    max_length=self.ce.max_length)["input_ids"]
-        return [len(x) for x in ids]
+            return recipe.token_lengths(self.ce, pairs, self.ce.max_length).tolist()
 
     def logits(self, pairs: Sequence[Sequence[str]]) -> np.ndarray:
         """(n,) logits; the mean over both orders for a teacher trained on both."""
