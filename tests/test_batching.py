@@ -1,10 +1,13 @@
 """Batches of similar length (embed_lib.encoding.batching) and that batching never changes what a model computes."""
 from __future__ import annotations
 
+import warnings
+
 import numpy as np
 import pytest
 
 from embed_lib.encoding.batching import length_batches
+from embed_lib.encoding.onnx_backend import cross_encoder_max_tokens
 
 
 def _as_lists(batches):
@@ -57,9 +60,13 @@ def test_cross_encoder_scores_do_not_depend_on_the_batching(tmp_path):
     saved = tmp_path / "ce"  # "minilm" as a cross-encoder gets a fresh random head at every load: save one
     PairCrossEncoder("minilm").ce.save_pretrained(str(saved))
     ce = PairCrossEncoder(saved)
-    lengths = ce.token_lengths(PAIRS)
+    with warnings.catch_warnings():  # its cut read through sentence-transformers' current property, not the old one
+        warnings.simplefilter("error", DeprecationWarning)
+        lengths = ce.token_lengths(PAIRS)
+        cut = cross_encoder_max_tokens(ce.ce)
     assert lengths[1] == 5  # [CLS] ok [SEP] no [SEP]
     assert lengths[2] == max(lengths)
+    assert ce.token_lengths([("word " * 2 * cut, "word")]) == [cut]  # a pair past the cut counts as the model reads it
     one_batch = PairCrossEncoder(saved, slack=float("inf")).logits(PAIRS)
     singles = PairCrossEncoder(saved, slack=0.0, batch_size=1).logits(PAIRS)
     assert np.std(one_batch) > 0  # the pairs score differently: equal scores would make the comparisons below vacuous

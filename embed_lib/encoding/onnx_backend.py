@@ -165,6 +165,12 @@ def encoder_runner(enc, cache_root: Path) -> OnnxRunner:
                         {"tau_attn": enc.config.tau_attn, "normalize_dropped": enc.normalize_dropped})
 
 
+def cross_encoder_max_tokens(ce) -> int | None:
+    """The tokens a sentence-transformers CrossEncoder reads of a pair: its `max_seq_length` where the class has one
+    (6.2, the pinned version, warns on every read of the older `max_length`), else `max_length`."""
+    return ce.max_seq_length if hasattr(type(ce), "max_seq_length") else ce.max_length
+
+
 def cross_encoder_runner(ce, backend: str, name: str, cache_root: Path, threads: int | None = None) -> OnnxRunner:
     """The ONNX graph of a sentence-transformers CrossEncoder's logits (one per pair)."""
     pairs = [[PROBE_TEXTS[i], PROBE_TEXTS[(i + 1) % len(PROBE_TEXTS)]] for i in range(len(PROBE_TEXTS))]
@@ -178,4 +184,4 @@ def cross_encoder_runner(ce, backend: str, name: str, cache_root: Path, threads:
     with torch.inference_mode():
         ref = run({k: v for k, v in _tensors(ce.preprocess(pairs)).items()}).float().numpy()
     return build_runner("cross_encoder", backend, name, state_fingerprint(ce.model), graph, ce.preprocess, pairs,
-                        ref, cache_root, {"max_length": ce.max_length}, threads)
+                        ref, cache_root, {"max_length": cross_encoder_max_tokens(ce)}, threads)

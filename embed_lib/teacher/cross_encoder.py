@@ -32,7 +32,7 @@ from embed_lib.config import check_backend, default_cache_dir
 from embed_lib.data.tasks import PairData
 from embed_lib.encoding.batching import SLACK, length_batches
 from embed_lib.encoding.cache import one_at_a_time
-from embed_lib.encoding.onnx_backend import cross_encoder_runner
+from embed_lib.encoding.onnx_backend import cross_encoder_max_tokens, cross_encoder_runner
 from embed_lib.encoding.weights import check_local, one_line, resolve_model
 from embed_lib.teacher import recipe
 from embed_lib.teacher.config import TeacherConfig
@@ -160,7 +160,7 @@ class PairCrossEncoder:
     def token_lengths(self, pairs: Sequence[Sequence[str]]) -> list[int]:
         """Tokens of each pair as the model reads it (both texts, special tokens, truncation)."""
         with self._tokenizing:
-            return recipe.token_lengths(self.ce, pairs, self.ce.max_length).tolist()
+            return recipe.token_lengths(self.ce, pairs, cross_encoder_max_tokens(self.ce)).tolist()
 
     def logits(self, pairs: Sequence[Sequence[str]]) -> np.ndarray:
         """(n,) logits; the mean over both orders for a teacher trained on both."""
