@@ -35,6 +35,10 @@ def _runs(name: str) -> list[dict]:
     return json.loads(path.read_text())["runs"]
 
 
+def _mean_stage(runs: list[dict]) -> float:
+    return sum(r["wall_s_by_stage"]["teacher_stage"] for r in runs) / len(runs)
+
+
 def project(capped: list[dict], host_runs: list[tuple[str, int, dict]], wall_max: float,
             reference: list[dict] | None = None) -> dict:
     """The estimate of each host run (see the module docstring), from the capped runs and (file, index, run); the
@@ -43,7 +47,7 @@ def project(capped: list[dict], host_runs: list[tuple[str, int, dict]], wall_max
         raise SystemExit("--capped, --reference: files of `first_run.py --isa-cap ...` runs (their runs record "
                          "`isa_cap`)")
     speed_from = reference or capped
-    stage = sum(r["wall_s_by_stage"]["teacher_stage"] for r in speed_from) / len(speed_from)
+    stage = _mean_stage(speed_from)
     teacher = sum(sum(r["wall_s_by_stage"][k] for k in TEACHER) for r in capped) / len(capped)
     rows = []
     for name, i, run in host_runs:
@@ -56,8 +60,7 @@ def project(capped: list[dict], host_runs: list[tuple[str, int, dict]], wall_max
                      "stage_over_capped": round(ratio, 3), "rest_s": round(rest, 1),
                      "estimate_wall_s": round(estimate, 1), "within_target": estimate <= wall_max})
     estimates = [r["estimate_wall_s"] for r in rows]
-    capped_stage = sum(r["wall_s_by_stage"]["teacher_stage"] for r in capped) / len(capped)
-    return {"capped_commits": sorted({r["commit"] for r in capped}), "capped_stage_s": round(capped_stage, 1),
+    return {"capped_commits": sorted({r["commit"] for r in capped}), "capped_stage_s": round(_mean_stage(capped), 1),
             "speed_from_commits": sorted({r["commit"] for r in speed_from}), "speed_from_stage_s": round(stage, 1),
             "capped_teacher_s": round(teacher, 1), "hosts": rows, "estimate_min_s": min(estimates),
             "estimate_max_s": max(estimates), "wall_s_max": wall_max,
