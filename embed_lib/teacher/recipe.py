@@ -3,8 +3,9 @@
 Both pair orders in training and averaged at scoring, length-bucketed batches, AdamW without weight
 decay on biases and norms, linear warmup then decay, gradient clipping, early stopping on a held-out
 slice with the best epoch's weights restored; optionally bf16 autocast and a frozen word-embedding table. Training
-buckets pairs by their characters (batches sorted by tokens trained a weaker teacher: results/README.md#the-first-run);
-scoring batches them by tokens (the same logits, less padding).
+buckets pairs by their characters (batches sorted by tokens trained a weaker teacher: results/README.md#the-first-run)
+and computes a BERT model's steps on the real tokens only (`teacher.packed`: the same logits and gradients, the
+padding's arithmetic left out); scoring batches them by tokens (the same logits, less padding).
 """
 from __future__ import annotations
 
@@ -22,6 +23,7 @@ import torch
 from embed_lib.encoding.batching import length_batches as longest_first
 from embed_lib.encoding.weights import check_local, one_line, packaged_instead, resolve_model
 from embed_lib.progress import Progress
+from embed_lib.teacher import packed
 from embed_lib.training.metrics import spearman
 
 if TYPE_CHECKING:
@@ -255,7 +257,7 @@ def _fit_epochs(ce, pairs, y, cfg, g: np.random.Generator, es_pairs, es_y, progr
                                                          emit=progress)
         for idx in batches:
             with autocast(precision, ce.device):
-                z = logits(ce, [pairs[j] for j in idx])
+                z = packed.training_logits(ce, [pairs[j] for j in idx])
             loss = loss_fn(z.float(), yt[idx].to(ce.device))
             opt.zero_grad(set_to_none=True)
             loss.backward()
