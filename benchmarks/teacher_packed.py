@@ -1,0 +1,109 @@
+"""The teacher's training steps through the model's own (padded) forward and on real tokens only (`teacher.packed`),
+side by side.
+
+    .venv/bin/python benchmarks/teacher_packed.py [--rounds 3] [--batches 60] [--precision fp32] [--name NAME]
+
+The batches the fast teacher of STS-B trains on (`recipe.length_batches`, seed 0, sorted by characters): a stage
+shard's (the stage's pairs in one order, batches of batch_size / stage_shards) and a fold's (fold 0's training pairs
+in both orders, batches of batch_size). Each round runs the first `--batches` of each both ways in turn: forward,
+backward, gradient clipping and AdamW's step, one torch thread, the word embeddings frozen as the recipe freezes them,
+in `--precision` (fp32: as on a CPU without native bf16; under ATEN_CPU_CAPABILITY=avx2 ONEDNN_MAX_CPU_ISA=AVX2
+MKL_ENABLE_INSTRUCTIONS=AVX2, an AVX2-only CPU's kernels). Reports each way's median round and the packed one's
+ratio to the padded one, the padded positions over the tokens of those batches, and the largest difference of the two
+ways' logits on the first batch (eval mode). Writes results/benchmarks/teacher_packed.json (or NAME.json).
+"""
+from __future__ import annotations
+
+import argparse
+import os
+import statistics
+import time
+
+import numpy as np
+import torch
+
+from benchmarks._common import write_results
+from embed_lib.data.tasks import load_task
+from embed_lib.teacher import intermediate, packed, recipe
+from embed_lib.teacher.config import teacher_preset
+from embed_lib.teacher.scores import fold_assignment
+
+WAYS = {"padded": recipe.logits, "packed": packed.training_logits}
+
+
+def _batches(fast, own: dict) -> dict:
+    """{"stage": (pairs, batches), "fold": (pairs, batches)}: what a stage shard and fold 0 train on."""
+    splits = intermediate._splits(fast, own)
+    stage, _ = intermediate._sample(splits, fast.intermediate_pairs, fast.seed, intermediate.left_out(splits, own))
+    train = own["train"]
+    rows = np.nonzero(fold_assignment(len(train), fast.folds, fast.seed) != 0)[0]
+    fold = [[train.sentence1[i], train.sentence2[i]] for i in rows]
+    fold += [[b, a] for a, b in fold]
+    out = {}
+    for name, pairs, size in (("stage", stage, max(2, fast.batch_size // fast.stage_shards)),
+                              ("fold", fold, fast.batch_size)):
+        chars = np.array([len(a) + len(b) for a, b in pairs])
+        out[name] = (pairs, recipe.length_batches(chars, size, np.random.default_rng(0)))
+    return out
+
+
+def _steps(ce, pairs, batches, way, opt, precision: str) -> float:
+    """Seconds of training steps on `batches` with the logits of `way` (targets drawn once: only the time counts)."""
+    y = torch.as_tensor(np.random.default_rng(1).random(len(pairs)), dtype=torch.float32)
+    loss_fn = torch.nn.BCEWithLogitsLoss()
+    ce.model.train()
+    t0 = time.perf_counter()
+    for idx in batches:
+        with recipe.autocast(precision, ce.device):
+            z = WAYS[way](ce, [pairs[j] for j in idx])
+        loss = loss_fn(z.float(), y[idx])
+        opt.zero_grad(set_to_none=True)
+        loss.backward()
+        torch.nn.utils.clip_grad_norm_(ce.model.parameters(), 1.0)
+        opt.step()
+    ce.model.eval()
+    return time.perf_counter() - t0
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    ap.add_argument("--rounds", type=int, default=3)
+    ap.add_argument("--batches", type=int, default=60, help="batches of each kind a round trains on (default 60)")
+    ap.add_argument("--precision", default="fp32", choices=("fp32", "bf16"))
+    ap.add_argument("--name", default="teacher_packed", help="results/benchmarks/NAME.json (default teacher_packed)")
+    args = ap.parse_args()
+    torch.set_num_threads(1)
+    data_dir = os.environ.get("EMBED_DATA_DIR")
+    own = {s: load_task("stsb", s, data_dir) for s in ("train", "validation", "test")}
+    fast = teacher_preset("fast", precision=args.precision)
+    ce = recipe.load(fast, "cpu", seed=0)
+    ce.model.get_input_embeddings().weight.requires_grad_(False)
+    precision = recipe.effective_precision(fast, ce.device)
+    opt = torch.optim.AdamW(recipe.param_groups(ce.model, fast.weight_decay), lr=1e-6, fused=True)
+    out = {}
+    for name, (pairs, batches) in _batches(fast, own).items():
+        batches = batches[: args.batches]
+        tokens = recipe.token_lengths(ce, pairs, fast.max_length)
+        overhead = sum(len(b) * tokens[b].max() for b in batches) / sum(tokens[b].sum() for b in batches) - 1
+        with torch.no_grad(), recipe.autocast(precision, ce.device):
+            first = [pairs[j] for j in batches[0]]
+            diff = float((recipe.logits(ce, first) - packed.training_logits(ce, first)).abs().max())
+        seconds = {w: [] for w in WAYS}
+        for r in range(args.rounds):
+            for way in WAYS:
+                seconds[way].append(round(_steps(ce, pairs, batches, way, opt, precision), 2))
+            print(f"{name}, round {r + 1}: " + ", ".join(f"{w} {s[-1]} s" for w, s in seconds.items()), flush=True)
+        med = {w: statistics.median(v) for w, v in seconds.items()}
+        out[name] = {"batches": len(batches), "batch_size": len(batches[0]), "padding_overhead": round(overhead, 4),
+                     "max_abs_logit_difference": diff,
+                     "seconds": {w: {"rounds": v, "median": round(med[w], 2)} for w, v in seconds.items()},
+                     "packed_over_padded": round(med["packed"] / med["padded"], 3)}
+        print(f"{name}: padded positions over tokens +{overhead:.1%}; packed / padded "
+              f"{out[name]['packed_over_padded']}", flush=True)
+    cap = {k: os.environ[k] for k in ("ATEN_CPU_CAPABILITY", "ONEDNN_MAX_CPU_ISA", "MKL_ENABLE_INSTRUCTIONS")
+           if k in os.environ}
+    write_results(args.name, {"precision": precision, "threads": 1, "isa_cap": cap, **out})
+
+
+if __name__ == "__main__":
+    main()
