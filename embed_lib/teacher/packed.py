@@ -38,8 +38,8 @@ def supports(model: torch.nn.Module, features: dict) -> bool:
     mask = features.get("attention_mask")
     return (type(model).__name__ in _ENCODER_ONLY and config is not None and bert is not None
             and not config.is_decoder and not getattr(config, "chunk_size_feed_forward", 0)
-            and bert.pooler is not None and mask is not None and mask.ndim == 2 and mask.device.type == "cpu"
-            and bool(mask[:, 0].all()))
+            and bert.pooler is not None and hasattr(bert, "_create_attention_masks")  # transformers 5's BertModel
+            and mask is not None and mask.ndim == 2 and mask.device.type == "cpu" and bool(mask[:, 0].all()))
 
 
 def packed_logits(model: torch.nn.Module, features: dict) -> torch.Tensor:
