@@ -6,6 +6,7 @@ import os
 import platform
 import time
 from pathlib import Path
+from typing import Any
 
 REPO = Path(__file__).resolve().parents[1]
 os.environ.setdefault("HF_HUB_OFFLINE", "1")
@@ -76,3 +77,34 @@ def champion_and_cross_encoder(args) -> tuple:
     ce = PairCrossEncoder(resolve_cross_encoder(args.cross_encoder, store), backend=args.cross_encoder_backend,
                           cache_root=default_cache_dir())
     return model, config, manifest, version, ce
+
+
+def teacher_training_pairs(fast, own: dict) -> tuple[list[list[str]], list[list[str]]]:
+    """(the intermediate stage's pairs, one order; fold 0's training pairs in both orders): what the teacher of `own`
+    (STS-B's splits) with the recipe `fast` trains on, as `teacher.intermediate` and `teacher.scores` pick them."""
+    import numpy as np
+
+    from embed_lib.teacher import intermediate
+    from embed_lib.teacher.scores import fold_assignment
+
+    splits = intermediate._splits(fast, own)
+    stage, _ = intermediate._sample(splits, fast.intermediate_pairs, fast.seed, intermediate.left_out(splits, own))
+    train = own["train"]
+    rows = np.nonzero(fold_assignment(len(train), fast.folds, fast.seed) != 0)[0]
+    fold = [[train.sentence1[i], train.sentence2[i]] for i in rows]
+    return stage, fold + [[b, a] for a, b in fold]
+
+
+def stsb_fast_teacher(precision: str) -> tuple[dict, Any, Any]:
+    """(STS-B's train, validation and test splits, the fast teacher recipe in `precision`, its cross-encoder as a new
+    fold starts it: seed 0's head) for the teacher benchmarks, on one torch thread."""
+    import torch
+
+    from embed_lib.data.tasks import load_task
+    from embed_lib.teacher import recipe
+    from embed_lib.teacher.config import teacher_preset
+
+    torch.set_num_threads(1)
+    own = {s: load_task("stsb", s, os.environ.get("EMBED_DATA_DIR")) for s in ("train", "validation", "test")}
+    fast = teacher_preset("fast", precision=precision)
+    return own, fast, recipe.load(fast, "cpu", seed=0)

@@ -25,12 +25,9 @@ import time
 import numpy as np
 import torch
 
-from benchmarks._common import write_results
-from embed_lib.data.tasks import load_task
+from benchmarks._common import stsb_fast_teacher, teacher_training_pairs, write_results
 from embed_lib.encoding.batching import length_batches as longest_first
-from embed_lib.teacher import intermediate, recipe
-from embed_lib.teacher.config import teacher_preset
-from embed_lib.teacher.scores import fold_assignment
+from embed_lib.teacher import recipe
 
 SORTS = ("chars", "tokens")
 
@@ -46,12 +43,7 @@ def _scoring_batches(key: np.ndarray, sort: str, batch: int) -> list[np.ndarray]
 
 def _padding(ce, fast, own: dict) -> dict:
     """Padded positions over real tokens, per sorting, for the stage's, a fold's and the scoring's batches."""
-    splits = intermediate._splits(fast, own)
-    stage, _ = intermediate._sample(splits, fast.intermediate_pairs, fast.seed, intermediate.left_out(splits, own))
-    train = own["train"]
-    rows = np.nonzero(fold_assignment(len(train), fast.folds, fast.seed) != 0)[0]
-    fold = [[train.sentence1[i], train.sentence2[i]] for i in rows]
-    fold += [[b, a] for a, b in fold]
+    stage, fold = teacher_training_pairs(fast, own)
     scored = [[d.sentence1[i], d.sentence2[i]] for d in (own["validation"], own["test"]) for i in range(len(d))]
     out = {}
     for name, pairs, batch in (("stage", stage, fast.batch_size), ("fold", fold, fast.batch_size),
@@ -83,11 +75,7 @@ def main() -> None:
     ap.add_argument("--rounds", type=int, default=2)
     ap.add_argument("--precision", default="fp32", choices=("fp32", "bf16"))
     args = ap.parse_args()
-    torch.set_num_threads(1)
-    data_dir = os.environ.get("EMBED_DATA_DIR")
-    own = {s: load_task("stsb", s, data_dir) for s in ("train", "validation", "test")}
-    fast = teacher_preset("fast", precision=args.precision)
-    ce = recipe.load(fast, "cpu", seed=0)
+    own, fast, ce = stsb_fast_teacher(args.precision)
     pad = _padding(ce, fast, own)
     val = [[a, b] for a, b in zip(own["validation"].sentence1, own["validation"].sentence2)]
     ways = {"chars": lambda: _by_characters(ce, val), "tokens": lambda: recipe.predict(ce, val, fast)}

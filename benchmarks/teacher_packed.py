@@ -22,23 +22,15 @@ import time
 import numpy as np
 import torch
 
-from benchmarks._common import write_results
-from embed_lib.data.tasks import load_task
-from embed_lib.teacher import intermediate, packed, recipe
-from embed_lib.teacher.config import teacher_preset
-from embed_lib.teacher.scores import fold_assignment
+from benchmarks._common import stsb_fast_teacher, teacher_training_pairs, write_results
+from embed_lib.teacher import packed, recipe
 
 WAYS = {"padded": recipe.logits, "packed": packed.training_logits}
 
 
 def _batches(fast, own: dict) -> dict:
     """{"stage": (pairs, batches), "fold": (pairs, batches)}: what a stage shard and fold 0 train on."""
-    splits = intermediate._splits(fast, own)
-    stage, _ = intermediate._sample(splits, fast.intermediate_pairs, fast.seed, intermediate.left_out(splits, own))
-    train = own["train"]
-    rows = np.nonzero(fold_assignment(len(train), fast.folds, fast.seed) != 0)[0]
-    fold = [[train.sentence1[i], train.sentence2[i]] for i in rows]
-    fold += [[b, a] for a, b in fold]
+    stage, fold = teacher_training_pairs(fast, own)
     out = {}
     for name, pairs, size in (("stage", stage, max(2, fast.batch_size // fast.stage_shards)),
                               ("fold", fold, fast.batch_size)):
@@ -72,11 +64,7 @@ def main() -> None:
     ap.add_argument("--precision", default="fp32", choices=("fp32", "bf16"))
     ap.add_argument("--name", default="teacher_packed", help="results/benchmarks/NAME.json (default teacher_packed)")
     args = ap.parse_args()
-    torch.set_num_threads(1)
-    data_dir = os.environ.get("EMBED_DATA_DIR")
-    own = {s: load_task("stsb", s, data_dir) for s in ("train", "validation", "test")}
-    fast = teacher_preset("fast", precision=args.precision)
-    ce = recipe.load(fast, "cpu", seed=0)
+    own, fast, ce = stsb_fast_teacher(args.precision)
     ce.model.get_input_embeddings().weight.requires_grad_(False)
     precision = recipe.effective_precision(fast, ce.device)
     opt = torch.optim.AdamW(recipe.param_groups(ce.model, fast.weight_decay), lr=1e-6, fused=True)
