@@ -44,7 +44,11 @@ def supports(model: torch.nn.Module, features: dict) -> bool:
 
 def packed_logits(model: torch.nn.Module, features: dict) -> torch.Tensor:
     """(batch, num_labels) logits of `model` (see `supports`) for a tokenized batch, linear layers on real tokens."""
+    from transformers.modeling_utils import ALL_ATTENTION_FUNCTIONS  # lazy: transformers takes seconds to import
+    from transformers.models.bert.modeling_bert import eager_attention_forward
+
     bert = model.bert
+    attend = ALL_ATTENTION_FUNCTIONS.get_interface(model.config._attn_implementation, eager_attention_forward)
     ids, mask = features["input_ids"], features["attention_mask"]
     rows, length = ids.shape
     emb = bert.embeddings(input_ids=ids, token_type_ids=features.get("token_type_ids"))
@@ -53,18 +57,16 @@ def packed_logits(model: torch.nn.Module, features: dict) -> torch.Tensor:
     keep = mask.reshape(-1).nonzero().squeeze(1)  # the real positions of the (rows * length) padded ones
     h = emb.reshape(rows * length, -1).index_select(0, keep)
     for layer in bert.encoder.layer:
-        h = _layer(layer, h, keep, rows, length, attention_mask)
+        h = _layer(layer, attend, h, keep, rows, length, attention_mask)
     first = torch.searchsorted(keep, torch.arange(rows, device=keep.device) * length)  # each row's position 0
     pooled = bert.pooler.activation(bert.pooler.dense(h.index_select(0, first)))
     return model.classifier(model.dropout(pooled))
 
 
-def _layer(layer, h: torch.Tensor, keep: torch.Tensor, rows: int, length: int,
+def _layer(layer, attend, h: torch.Tensor, keep: torch.Tensor, rows: int, length: int,
            attention_mask: torch.Tensor | None) -> torch.Tensor:
-    """BertLayer's forward (self-attention, its output block, the feed-forward block) on packed tokens."""
-    from transformers.modeling_utils import ALL_ATTENTION_FUNCTIONS
-    from transformers.models.bert.modeling_bert import eager_attention_forward
-
+    """BertLayer's forward (self-attention through `attend`, the model's attention function, its output block, the
+    feed-forward block) on packed tokens."""
     att = layer.attention.self
     heads, size = att.num_attention_heads, att.attention_head_size
 
@@ -72,7 +74,6 @@ def _layer(layer, h: torch.Tensor, keep: torch.Tensor, rows: int, length: int,
         full = x.new_zeros(rows * length, x.shape[-1]).index_copy(0, keep, x)
         return full.view(rows, length, heads, size).transpose(1, 2)
 
-    attend = ALL_ATTENTION_FUNCTIONS.get_interface(att.config._attn_implementation, eager_attention_forward)
     a, _ = attend(att, padded(att.query(h)), padded(att.key(h)), padded(att.value(h)), attention_mask,
                   dropout=att.dropout.p if att.training else 0.0, scaling=att.scaling)
     a = a.reshape(rows * length, -1).index_select(0, keep)
