@@ -15,7 +15,7 @@ import torch
 
 from embed_lib.teacher import config as TC
 from embed_lib.teacher import scores as T
-from embed_lib.teacher import recipe
+from embed_lib.teacher import backbone, recipe
 from embed_lib.teacher import intermediate as I
 from embed_lib.data.tasks import load_splits
 from embed_lib.teacher.config import TeacherConfig
@@ -344,9 +344,9 @@ def test_frozen_layers_refuse_a_model_without_that_many(tiny_splits):
     ce = recipe.load(TINY, "cpu", None)
     for too_many in (6, 7):  # all 6 frozen would leave only the head to train
         with pytest.raises(ValueError, match=rf"freeze_layers={too_many}, but the model has 6 layers: give at most 5"):
-            recipe.freeze_bottom(ce.model, too_many)
+            backbone.freeze_bottom(ce.model, too_many)
     with pytest.raises(ValueError, match=r"no embedding block and layer list to freeze: set freeze_layers=0"):
-        recipe.freeze_bottom(torch.nn.Sequential(torch.nn.Linear(2, 2)), 1)
+        backbone.freeze_bottom(torch.nn.Sequential(torch.nn.Linear(2, 2)), 1)
     with pytest.raises(ValueError, match=r"TeacherConfig.freeze_layers=-1"):
         TeacherConfig(freeze_layers=-1)
 

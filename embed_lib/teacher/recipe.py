@@ -23,7 +23,7 @@ import torch
 from embed_lib.encoding.batching import length_batches as longest_first
 from embed_lib.encoding.weights import check_local, one_line, packaged_instead, resolve_model
 from embed_lib.progress import Progress
-from embed_lib.teacher import packed
+from embed_lib.teacher import backbone, packed
 from embed_lib.training.metrics import spearman
 
 if TYPE_CHECKING:
@@ -189,30 +189,15 @@ def autocast(precision: str, device: torch.device) -> torch.autocast:
     return torch.autocast(device.type, dtype=torch.bfloat16, enabled=precision == "bf16")
 
 
-def freeze_bottom(model: torch.nn.Module, layers: int) -> None:
-    """Keeps `model`'s embedding block and its first `layers` transformer layers as they are (no gradients)."""
-    base = getattr(model, "base_model", model)
-    depth = getattr(getattr(model, "config", None), "num_hidden_layers", -1)
-    stack = next((m for m in base.modules() if isinstance(m, torch.nn.ModuleList) and len(m) == depth), None)
-    embeddings = getattr(base, "embeddings", None)
-    if stack is None or not isinstance(embeddings, torch.nn.Module):
-        raise ValueError(f"TeacherConfig.freeze_layers={layers}, but {type(model).__name__} has no embedding block "
-                         "and layer list to freeze: set freeze_layers=0 for this model.")
-    if layers >= len(stack):
-        raise ValueError(f"TeacherConfig.freeze_layers={layers}, but the model has {len(stack)} layers: give at most "
-                         f"{len(stack) - 1}, so that some of the backbone trains.")
-    embeddings.requires_grad_(False)
-    for layer in stack[:layers]:
-        layer.requires_grad_(False)
-
-
 def _prepare(ce, cfg: TeacherConfig) -> str:
-    """Freezes the word embeddings, or the embedding block and the first layers, when cfg asks; the precision
-    training runs in."""
+    """Freezes the word embeddings, or the embedding block and the first layers, and sets the dropout, when cfg asks;
+    the precision training runs in."""
+    if cfg.dropout is not None:
+        backbone.set_dropout(ce.model, cfg.dropout)
     if cfg.freeze_embeddings:
         ce.model.get_input_embeddings().weight.requires_grad_(False)
     if cfg.freeze_layers:
-        freeze_bottom(ce.model, cfg.freeze_layers)
+        backbone.freeze_bottom(ce.model, cfg.freeze_layers)
     precision = effective_precision(cfg, ce.device)
     if precision != cfg.precision:
         why = ("ONEDNN_MAX_CPU_ISA or ATEN_CPU_CAPABILITY caps it below them" if isa_capped_below_bf16() else
