@@ -65,6 +65,13 @@ def test_teacher_preset_flags_name_the_preset_and_the_fix():
     assert (teacher_config(args).precision, teacher_config(args).stage_shards) == ("bf16", 3)
     args = build_parser().parse_args(["train", "--task", "stsb", "--teacher-preset", "fast"])
     assert teacher_config(args).stage_shards == 2  # the preset's
+    assert teacher_config(args).dropout is None  # the model's own
+    args = build_parser().parse_args(["train", "--task", "stsb", "--teacher-preset", "fast",
+                                      "--teacher-dropout", "0.1"])
+    assert teacher_config(args).dropout == 0.1
+    args = build_parser().parse_args(["train", "--task", "stsb", "--teacher-dropout", "1.5"])
+    with pytest.raises(ValueError, match=r"TeacherConfig.dropout=1.5 is out of range; allowed None or \[0.0, 0.9\]"):
+        teacher_config(args)
 
 
 def test_teacher_summary_names_the_intermediate_stage():

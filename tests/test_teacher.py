@@ -195,6 +195,7 @@ def test_presets():
     fast = TC.teacher_preset("fast")
     assert TC.preset_of(fast) == "fast" and TC.preset_of(TC.teacher_preset("light")) == "light"  # not one another
     assert (fast.precision, fast.freeze_embeddings, fast.folds, fast.lr) == ("bf16", True, 2, 1e-4)
+    assert {TC.teacher_preset(p).dropout for p in TC.PRESETS} == {None}  # the model's own dropout in every recipe
     # otherwise the light recipe: one epoch per fold, no early stopping, the same stage's tasks and pairs
     fast_rest = {k: v for k, v in dataclasses.asdict(fast).items() if k not in {*TC.LATER_FIELDS, "folds", "lr"}}
     assert fast_rest == {k: v for k, v in dataclasses.asdict(TC.teacher_preset("light")).items()
@@ -290,13 +291,13 @@ def test_intermediate_stage_rules_and_keys(tiny_splits, tmp_path):
 
 def test_later_fields_enter_the_keys_only_when_set(tiny_splits):
     bf16, frozen = dataclasses.replace(TINY, precision="bf16"), dataclasses.replace(TINY, freeze_embeddings=True)
-    layers = dataclasses.replace(TINY, freeze_layers=3)
-    assert len({teacher_key(c, tiny_splits) for c in (TINY, bf16, frozen, layers)}) == 4
+    layers, no_dropout = dataclasses.replace(TINY, freeze_layers=3), dataclasses.replace(TINY, dropout=0.0)
+    assert len({teacher_key(c, tiny_splits) for c in (TINY, bf16, frozen, layers, no_dropout)}) == 5
     staged = TeacherConfig(intermediate="others")
     stage_keys = {I.stage_key(c, tiny_splits) for c in
-                  (staged, dataclasses.replace(staged, precision="bf16"),
+                  (staged, dataclasses.replace(staged, precision="bf16"), dataclasses.replace(staged, dropout=0.0),
                    dataclasses.replace(staged, freeze_embeddings=True), dataclasses.replace(staged, freeze_layers=3))}
-    assert len(stage_keys) == 4  # a stage trained in bf16, with frozen embeddings or frozen layers is another stage
+    assert len(stage_keys) == 5  # a stage trained in bf16, without dropout, with frozen embeddings or layers: another
     # the stage trains one epoch on one order, whatever the folds' epochs: the same stage
     assert I.stage_key(dataclasses.replace(staged, epochs=3), tiny_splits) == I.stage_key(
         staged, tiny_splits)
@@ -349,6 +350,33 @@ def test_frozen_layers_refuse_a_model_without_that_many(tiny_splits):
         backbone.freeze_bottom(torch.nn.Sequential(torch.nn.Linear(2, 2)), 1)
     with pytest.raises(ValueError, match=r"TeacherConfig.freeze_layers=-1"):
         TeacherConfig(freeze_layers=-1)
+
+
+def test_the_dropout_setting_reaches_every_dropout_and_without_dropout_a_training_step_is_deterministic(tiny_splits):
+    ce = recipe.load(TINY, "cpu", None)
+    pairs = T._pairs(tiny_splits["train"])[:8]
+    ce.model.train()
+    with torch.no_grad():
+        assert not torch.equal(recipe.logits(ce, pairs), recipe.logits(ce, pairs))  # MiniLM's own dropout: 0.1
+        backbone.set_dropout(ce.model, 0.0)
+        assert torch.equal(recipe.logits(ce, pairs), recipe.logits(ce, pairs))
+    assert {m.p for m in ce.model.modules() if isinstance(m, torch.nn.Dropout)} == {0.0}
+
+    class Attention(torch.nn.Module):  # transformers' newer attention blocks keep their dropout as a number
+        def __init__(self):
+            super().__init__()
+            self.attention_dropout, self.dropout, self.scaling = 0.1, torch.nn.Dropout(0.1), 0.1
+
+    block = Attention()
+    backbone.set_dropout(block, 0.25)
+    assert (block.attention_dropout, block.dropout.p, block.scaling) == (0.25, 0.25, 0.1)
+    # the recipe sets it before training: fit leaves every dropout of the model at cfg.dropout
+    cfg = TeacherConfig(epochs=1, batch_size=8, max_length=32, both_orders=False, early_stopping_fraction=0.0,
+                        dropout=0.0)
+    fitted, _, _ = _fit_tiny(tiny_splits, cfg)
+    assert {m.p for m in fitted.model.modules() if isinstance(m, torch.nn.Dropout)} == {0.0}
+    with pytest.raises(ValueError, match=r"TeacherConfig.dropout=-0.1 is out of range; allowed None or \[0.0, 0.9\]"):
+        TeacherConfig(dropout=-0.1)
 
 
 def test_bf16_trains_in_bf16_where_the_device_has_it_and_in_fp32_where_not(tiny_splits, monkeypatch, caplog):

@@ -2,10 +2,11 @@
 
 Both pair orders in training and averaged at scoring, length-bucketed batches, AdamW without weight
 decay on biases and norms, linear warmup then decay, gradient clipping, early stopping on a held-out
-slice with the best epoch's weights restored; optionally bf16 autocast and a frozen word-embedding table. Training
-buckets pairs by their characters (batches sorted by tokens trained a weaker teacher: results/README.md#the-first-run)
-and computes a BERT model's steps on the real tokens only (`teacher.packed`: the same logits and gradients, the
-padding's arithmetic left out); scoring batches them by tokens (the same logits, less padding).
+slice with the best epoch's weights restored; optionally bf16 autocast, frozen layers or word embeddings, and a
+dropout of the recipe's own (`teacher.backbone`). Training buckets pairs by their characters (batches sorted by tokens
+trained a weaker teacher: results/README.md#the-first-run) and computes a BERT model's steps on the real tokens only
+(`teacher.packed`: the same logits and gradients, the padding's arithmetic left out); scoring batches them by tokens
+(the same logits, less padding).
 """
 from __future__ import annotations
 
