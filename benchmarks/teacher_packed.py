@@ -1,16 +1,18 @@
-"""The teacher's training steps through the model's own (padded) forward and on real tokens only (`teacher.packed`),
-side by side.
+"""The teacher's training steps through the model's own (padded) forward, on real tokens only (`teacher.packed`), and
+on real tokens without dropout (the fast recipe's `dropout=0.0`), side by side.
 
     .venv/bin/python benchmarks/teacher_packed.py [--rounds 3] [--batches 60] [--precision fp32] [--name NAME]
 
 The batches the fast teacher of STS-B trains on (`recipe.length_batches`, seed 0, sorted by characters): a stage
-shard's (the stage's pairs in one order, batches of batch_size / stage_shards) and a fold's (fold 0's training pairs
-in both orders, batches of batch_size). Each round runs the first `--batches` of each both ways in turn: forward,
+shard's (the stage's pairs in one order, batches of the stage's 32 / stage_shards = 16) and a fold's (fold 0's
+training pairs in both orders, batches of batch_size = 16). Each round runs the first `--batches` of each every way in
+turn: forward,
 backward, gradient clipping and AdamW's step, one torch thread, the word embeddings frozen as the recipe freezes them,
 in `--precision` (fp32: as on a CPU without native bf16; under ATEN_CPU_CAPABILITY=avx2 ONEDNN_MAX_CPU_ISA=AVX2
-MKL_ENABLE_INSTRUCTIONS=AVX2, an AVX2-only CPU's kernels). Reports each way's median round and the packed one's
-ratio to the padded one, the padded positions over the tokens of those batches, and the largest difference of the two
-ways' logits on the first batch (eval mode). Writes results/benchmarks/teacher_packed.json (or NAME.json).
+MKL_ENABLE_INSTRUCTIONS=AVX2, an AVX2-only CPU's kernels). Reports each way's median round, the packed one's ratio to
+the padded one and the one without dropout's to the packed one, the padded positions over the tokens of those batches,
+and the largest difference of the padded and packed logits on the first batch (eval mode). Writes
+results/benchmarks/teacher_packed.json (or NAME.json).
 """
 from __future__ import annotations
 
@@ -23,16 +25,19 @@ import numpy as np
 import torch
 
 from benchmarks._common import stsb_fast_teacher, teacher_training_pairs, write_results
-from embed_lib.teacher import packed, recipe
+from embed_lib.teacher import backbone, intermediate, packed, recipe
 
-WAYS = {"padded": recipe.logits, "packed": packed.training_logits}
+#: way -> (the training logits, the dropout: None leaves MiniLM's 0.1)
+WAYS = {"padded": (recipe.logits, None), "packed": (packed.training_logits, None),
+        "packed_no_dropout": (packed.training_logits, 0.0)}
 
 
 def _batches(fast, own: dict) -> dict:
     """{"stage": (pairs, batches), "fold": (pairs, batches)}: what a stage shard and fold 0 train on."""
     stage, fold = teacher_training_pairs(fast, own)
     out = {}
-    for name, pairs, size in (("stage", stage, max(2, fast.batch_size // fast.stage_shards)),
+    shard_batch = max(2, intermediate.stage_config(fast).batch_size // fast.stage_shards)  # as `teacher.shards`
+    for name, pairs, size in (("stage", stage, shard_batch),
                               ("fold", fold, fast.batch_size)):
         chars = np.array([len(a) + len(b) for a, b in pairs])
         out[name] = (pairs, recipe.length_batches(chars, size, np.random.default_rng(0)))
@@ -40,14 +45,17 @@ def _batches(fast, own: dict) -> dict:
 
 
 def _steps(ce, pairs, batches, way, opt, precision: str) -> float:
-    """Seconds of training steps on `batches` with the logits of `way` (targets drawn once: only the time counts)."""
+    """Seconds of training steps on `batches` with the logits and the dropout of `way` (targets drawn once: only the
+    time counts)."""
     y = torch.as_tensor(np.random.default_rng(1).random(len(pairs)), dtype=torch.float32)
     loss_fn = torch.nn.BCEWithLogitsLoss()
+    logits, dropout = WAYS[way]
+    backbone.set_dropout(ce.model, 0.1 if dropout is None else dropout)
     ce.model.train()
     t0 = time.perf_counter()
     for idx in batches:
         with recipe.autocast(precision, ce.device):
-            z = WAYS[way](ce, [pairs[j] for j in idx])
+            z = logits(ce, [pairs[j] for j in idx])
         loss = loss_fn(z.float(), y[idx])
         opt.zero_grad(set_to_none=True)
         loss.backward()
@@ -85,9 +93,11 @@ def main() -> None:
         out[name] = {"batches": len(batches), "batch_size": len(batches[0]), "padding_overhead": round(overhead, 4),
                      "max_abs_logit_difference": diff,
                      "seconds": {w: {"rounds": v, "median": round(med[w], 2)} for w, v in seconds.items()},
-                     "packed_over_padded": round(med["packed"] / med["padded"], 3)}
+                     "packed_over_padded": round(med["packed"] / med["padded"], 3),
+                     "no_dropout_over_packed": round(med["packed_no_dropout"] / med["packed"], 3)}
         print(f"{name}: padded positions over tokens +{overhead:.1%}; packed / padded "
-              f"{out[name]['packed_over_padded']}", flush=True)
+              f"{out[name]['packed_over_padded']}; without dropout / packed {out[name]['no_dropout_over_packed']}",
+              flush=True)
     cap = {k: os.environ[k] for k in ("ATEN_CPU_CAPABILITY", "ONEDNN_MAX_CPU_ISA", "MKL_ENABLE_INSTRUCTIONS")
            if k in os.environ}
     write_results(args.name, {"precision": precision, "threads": 1, "isa_cap": cap, **out})
