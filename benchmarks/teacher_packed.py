@@ -1,13 +1,13 @@
 """The teacher's training steps through the model's own (padded) forward, on real tokens only (`teacher.packed`), and
-on real tokens without dropout (the fast recipe's `dropout=0.0`), side by side.
+on real tokens without dropout (`TeacherConfig.dropout=0.0`), side by side.
 
     .venv/bin/python benchmarks/teacher_packed.py [--rounds 3] [--batches 60] [--precision fp32] [--name NAME]
 
 The batches the fast teacher of STS-B trains on (`recipe.length_batches`, seed 0, sorted by characters): a stage
 shard's (the stage's pairs in one order, batches of the stage's 32 / stage_shards = 16) and a fold's (fold 0's
 training pairs in both orders, batches of batch_size = 16). Each round runs the first `--batches` of each every way in
-turn: forward,
-backward, gradient clipping and AdamW's step, one torch thread, the word embeddings frozen as the recipe freezes them,
+turn: forward, backward, gradient clipping and AdamW's step, one torch thread, the word embeddings frozen as the recipe
+freezes them,
 in `--precision` (fp32: as on a CPU without native bf16; under ATEN_CPU_CAPABILITY=avx2 ONEDNN_MAX_CPU_ISA=AVX2
 MKL_ENABLE_INSTRUCTIONS=AVX2, an AVX2-only CPU's kernels). Reports each way's median round, the packed one's ratio to
 the padded one and the one without dropout's to the packed one, the padded positions over the tokens of those batches,
@@ -27,7 +27,7 @@ import torch
 from benchmarks._common import stsb_fast_teacher, teacher_training_pairs, write_results
 from embed_lib.teacher import backbone, intermediate, packed, recipe
 
-#: way -> (the training logits, the dropout: None leaves MiniLM's 0.1)
+#: way -> (the training logits, the dropout: None for MiniLM's own 0.1)
 WAYS = {"padded": (recipe.logits, None), "packed": (packed.training_logits, None),
         "packed_no_dropout": (packed.training_logits, 0.0)}
 

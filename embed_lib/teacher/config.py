@@ -78,9 +78,9 @@ class TeacherConfig:
     #: bi-encoder's lower layers never attended across two sentences; results/README.md#the-first-run)
     freeze_layers: int = bounded(0, 0, 128)
     #: the probability of every dropout in the model while it trains (None: the model's own, MiniLM's 0.1). The fast
-    #: recipe with 0.0 trained a better teacher in 0.92x the time (STS-B test Spearman 0.8429 instead of 0.8378, in
-    #: fp32), but the sweep's champion over it gained less: validation +0.0111 instead of +0.0129, under the
-    #: +0.012 floor of the first run (results/README.md#the-first-run)
+    #: recipe with 0.0 trained a better teacher, faster (STS-B test Spearman 0.8429 instead of 0.8378 and 630 s
+    #: instead of 680-694 s in fp32, fresh clones), but the sweep's champion over it gained less: validation +0.0111
+    #: instead of +0.0129, under the +0.012 floor of the first run (results/README.md#the-first-run)
     dropout: float | None = bounded(None, 0.0, 0.9, allow_none=True)
     #: intermediate stage (embed_lib.teacher.intermediate): "" (none), "others" (every built-in task but the
     #: teacher's own) or built-in tasks separated by commas, whose train pairs the backbone learns once
