@@ -54,7 +54,7 @@ def _steps(ce, pairs, batches, way, opt, precision: str) -> float:
     ce.model.train()
     t0 = time.perf_counter()
     for idx in batches:
-        with recipe.autocast(precision, ce.device):
+        with recipe.autocast(precision, ce.device), recipe.training_attention(precision, ce.device):
             z = logits(ce, [pairs[j] for j in idx])
         loss = loss_fn(z.float(), y[idx])
         opt.zero_grad(set_to_none=True)

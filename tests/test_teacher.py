@@ -379,6 +379,30 @@ def test_the_dropout_setting_reaches_every_dropout_and_without_dropout_a_trainin
         TeacherConfig(dropout=-0.1)
 
 
+def test_bf16_training_attends_through_the_math_kernel_which_the_model_s_dropout_takes_anyway(tiny_splits):
+    from contextlib import nullcontext
+    from torch.nn.attention import SDPBackend
+
+    from embed_lib.teacher import packed
+
+    cpu, q = torch.device("cpu"), torch.randn(2, 4, 8, 16, dtype=torch.bfloat16)
+    math, fused = int(SDPBackend.MATH), int(SDPBackend.FLASH_ATTENTION)
+    assert torch._fused_sdp_choice(q, q, q) == fused and torch._fused_sdp_choice(q, q, q, dropout_p=0.1) == math
+    with recipe.training_attention("bf16", cpu):
+        assert torch._fused_sdp_choice(q, q, q) == math
+    with recipe.training_attention("fp32", cpu):  # fp32's fused kernel trained as fast (benchmarks/teacher_packed.py)
+        assert torch._fused_sdp_choice(q, q, q) == fused
+    # with the model's dropout, the same logits and random draws either way: the recipes' teachers are unchanged
+    ce = recipe.load(TINY, "cpu", None)
+    ce.model.train()
+    pairs, outs = T._pairs(tiny_splits["train"])[:8], []
+    for attention in (nullcontext(), recipe.training_attention("bf16", cpu)):
+        torch.manual_seed(5)
+        with torch.no_grad(), recipe.autocast("bf16", cpu), attention:
+            outs.append((packed.training_logits(ce, pairs).float(), torch.get_rng_state()))
+    assert torch.equal(outs[0][0], outs[1][0]) and torch.equal(outs[0][1], outs[1][1])
+
+
 def test_bf16_trains_in_bf16_where_the_device_has_it_and_in_fp32_where_not(tiny_splits, monkeypatch, caplog):
     cfg = TeacherConfig(epochs=1, batch_size=8, max_length=32, both_orders=False, early_stopping_fraction=0.0)
     bf16 = dataclasses.replace(cfg, precision="bf16")
