@@ -27,7 +27,7 @@ import torch
 
 from benchmarks._common import stsb_fast_teacher, teacher_training_pairs, write_results
 from embed_lib.encoding.batching import length_batches as longest_first
-from embed_lib.teacher import recipe
+from embed_lib.teacher import intermediate, recipe, shards
 
 SORTS = ("chars", "tokens")
 
@@ -46,7 +46,8 @@ def _padding(ce, fast, own: dict) -> dict:
     stage, fold = teacher_training_pairs(fast, own)
     scored = [[d.sentence1[i], d.sentence2[i]] for d in (own["validation"], own["test"]) for i in range(len(d))]
     out = {}
-    for name, pairs, batch in (("stage", stage, fast.batch_size), ("fold", fold, fast.batch_size),
+    shard_batch = shards.shard_batch_size(intermediate.stage_config(fast), fast.stage_shards)  # a stage shard's
+    for name, pairs, batch in (("stage", stage, shard_batch), ("fold", fold, fast.batch_size),
                                ("scoring", scored, 32)):
         tokens = recipe.token_lengths(ce, pairs, fast.max_length)
         row = {"pairs": len(pairs), "tokens": int(tokens.sum())}

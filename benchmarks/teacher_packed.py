@@ -25,7 +25,7 @@ import numpy as np
 import torch
 
 from benchmarks._common import stsb_fast_teacher, teacher_training_pairs, write_results
-from embed_lib.teacher import backbone, intermediate, packed, recipe
+from embed_lib.teacher import backbone, intermediate, packed, recipe, shards
 
 #: way -> (the training logits, the dropout: None for MiniLM's own 0.1)
 WAYS = {"padded": (recipe.logits, None), "packed": (packed.training_logits, None),
@@ -36,7 +36,7 @@ def _batches(fast, own: dict) -> dict:
     """{"stage": (pairs, batches), "fold": (pairs, batches)}: what a stage shard and fold 0 train on."""
     stage, fold = teacher_training_pairs(fast, own)
     out = {}
-    shard_batch = max(2, intermediate.stage_config(fast).batch_size // fast.stage_shards)  # as `teacher.shards`
+    shard_batch = shards.shard_batch_size(intermediate.stage_config(fast), fast.stage_shards)
     for name, pairs, size in (("stage", stage, shard_batch),
                               ("fold", fold, fast.batch_size)):
         chars = np.array([len(a) + len(b) for a, b in pairs])

@@ -3,13 +3,13 @@
 A padded position costs a real one's arithmetic in every linear layer, and the teacher's training batches (sorted by
 characters, `recipe.length_batches`) hold fewer tokens than positions: a fold's and a stage shard's batches of 16 pad
 28% more positions than their pairs hold (`benchmarks/teacher_packed.py`; batches sorted by tokens instead trained a
-weaker teacher). Here the linear layers, the layer norms and the feed-forward block run on the real
-tokens packed into one (tokens, hidden) matrix; only the attention, a few percent of the arithmetic at these lengths,
-runs on the padded (batch, heads, length, length) layout, through the model's own attention function and mask. The
-dropout masks are drawn as the model draws them, for the padded shape and in the same order, then the real positions'
-kept: with the same seed the same logits and gradients as the model's own forward, up to the rounding of matrix products
-of another height (tests/test_teacher_packed.py). Models other than BERT's sequence classifier (or configured beyond it:
-a decoder, chunked feed-forward) take their own forward.
+weaker teacher). Here the linear layers, the layer norms and the feed-forward block run on the real tokens packed into
+one (tokens, hidden) matrix; only the attention, a few percent of the arithmetic at these lengths, runs on the padded
+(batch, heads, length, length) layout, through the model's own attention function and mask. The dropout masks are
+drawn as the model draws them, for the padded shape and in the same order, then the real positions' kept: with the same
+seed the same logits and gradients as the model's own forward, up to the rounding of matrix products of another height
+(tests/test_teacher_packed.py). Models other than BERT's sequence classifier (or configured beyond it: a decoder,
+chunked feed-forward) take their own forward.
 """
 from __future__ import annotations
 

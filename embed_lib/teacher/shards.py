@@ -40,6 +40,12 @@ def shard_rows(n: int, shards: int, seed: int) -> list[np.ndarray]:
     return [np.sort(perm[k::shards]) for k in range(shards)]
 
 
+def shard_batch_size(stage: TeacherConfig, shards: int) -> int:
+    """Pairs per batch of each shard: the stage's batch_size split over the shards (at least 2), so that the steps and
+    the learning-rate schedule are those of one process."""
+    return max(2, stage.batch_size // shards)
+
+
 def _average(model: torch.nn.Module, world: int) -> None:
     """Replace the weights that train (the frozen embeddings are equal in every shard anyway) by their mean over the
     shards: one all-reduce of them as one vector."""
@@ -64,8 +70,7 @@ def _shard(rank: int, cfg: TeacherConfig, stage: TeacherConfig, pairs: list[list
                             timeout=datetime.timedelta(minutes=10))
     try:
         rows = shard_rows(len(pairs), world, cfg.seed)
-        per_shard = stage.batch_size // world
-        shard_cfg = dataclasses.replace(stage, batch_size=max(2, per_shard))
+        shard_cfg = dataclasses.replace(stage, batch_size=shard_batch_size(stage, world))
         # every shard takes at least this many steps: the averages inside it are the same calls in every process
         common = min(-(-len(r) // shard_cfg.batch_size) for r in rows) * shard_cfg.epochs
         ce = recipe.load(cfg, device, seed=cfg.seed)  # the same starting weights in every shard
