@@ -6,8 +6,11 @@ VENV := .venv
 BIN := $(VENV)/bin
 STAMP := $(VENV)/.installed
 # what installs the project's dependencies into .venv: uv (pinned below), or INSTALLER=pip; torch always comes
-# through pip, which finds its CPU build on local disk
+# through pip, which finds its CPU build on local disk here. Elsewhere pip takes PyPI's, on Linux the CUDA build (a
+# few GB): TORCH_INDEX_URL=https://download.pytorch.org/whl/cpu takes the CPU build on a machine without a GPU
 INSTALLER ?= uv
+TORCH_INDEX_URL ?=
+install_torch = $(1) install -q torch==2.13.0$(if $(strip $(TORCH_INDEX_URL)), --index-url '$(strip $(TORCH_INDEX_URL))')
 UV_VERSION := 0.13.9
 ifeq ($(INSTALLER),pip)
 INSTALL_DEPS = $(BIN)/pip install -q
@@ -34,8 +37,8 @@ MLFLOW_PORT ?= 5000
 venv: $(STAMP)
 $(STAMP): pyproject.toml constraints.txt
 	test -d $(VENV) || $(PY) -m venv $(VENV)
-	# the CPU build of torch first, from local disk: letting pip resolve torch pulls a multi-GB CUDA build
-	$(BIN)/pip install -q torch==2.13.0
+	# torch first, the CPU build from local disk (or TORCH_INDEX_URL): letting pip resolve torch here pulls a CUDA build
+	$(call install_torch,$(BIN)/pip)
 	# the versions the project is tested with (constraints.txt), not whatever was released since, installed by uv
 	# (parallel downloads and bytecode compilation: make venv 92 s instead of pip's 162 s, medians on fresh clones of
 	# a 2-core machine, benchmarks/venv_install.py); it keeps the torch above, which the constraints pin.
@@ -46,7 +49,7 @@ $(STAMP): pyproject.toml constraints.txt
 ## constraints.txt from a fresh resolve of pyproject's ranges (a temporary venv; review the diff, then make test)
 constraints:
 	rm -rf /tmp/embed-constraints-venv && $(PY) -m venv /tmp/embed-constraints-venv
-	/tmp/embed-constraints-venv/bin/pip install -q torch==2.13.0
+	$(call install_torch,/tmp/embed-constraints-venv/bin/pip)
 	/tmp/embed-constraints-venv/bin/pip install -q -e '.[dev]'
 	{ sed -n '/^#/p' constraints.txt; /tmp/embed-constraints-venv/bin/pip freeze --exclude-editable \
 	  | sed 's/^torch==\([0-9.]*\)+cpu$$/torch==\1/'; } > constraints.txt.new && mv constraints.txt.new constraints.txt

@@ -29,3 +29,25 @@ def test_two_workers_with_no_mirror_and_no_hub_run_on_made_data(tmp_path):
     # the row counts of STS-B and MRPC, MRPC's positives and the encoder's 0.820: skipped, each with its reason
     assert sum(map(int, skipped)) == 4, tail
     assert re.search(r"\d+ passed, 4 skipped", out.stdout), tail
+
+
+def _torch_install(*make_args: str) -> str:
+    """The line that installs torch in what `make <args>` would run (`-n -B`: printed, nothing run, stamps ignored)."""
+    env = {k: v for k, v in os.environ.items() if k != "TORCH_INDEX_URL"}
+    out = subprocess.run(["make", "-n", "-B", *make_args], cwd=REPO, env=env, capture_output=True, text=True,
+                         timeout=60, check=True).stdout
+    return next(ln for ln in out.splitlines() if "install -q torch==" in ln)
+
+
+def test_make_venv_takes_torch_from_the_index_a_user_names():
+    """Off this machine pip has no CPU build of torch on local disk, and PyPI's Linux torch is the CUDA build (a few
+    GB): TORCH_INDEX_URL names an index (PyTorch's CPU one) for `make venv` and `make constraints`; unset, pip's own
+    configuration decides, as before."""
+    cpu = "https://download.pytorch.org/whl/cpu"
+    assert _torch_install("venv") == ".venv/bin/pip install -q torch==2.13.0"
+    assert _torch_install("venv", f"TORCH_INDEX_URL={cpu}") == (
+        f".venv/bin/pip install -q torch==2.13.0 --index-url '{cpu}'")
+    assert _torch_install("constraints", f"TORCH_INDEX_URL={cpu}") == (
+        f"/tmp/embed-constraints-venv/bin/pip install -q torch==2.13.0 --index-url '{cpu}'")
+    # the version the constraints pin, which the rest of the install keeps
+    assert "torch==2.13.0\n" in (REPO / "constraints.txt").read_text()
