@@ -82,6 +82,9 @@ def _store_figures(clone: Path) -> dict:
                         "fold_threads": teacher.get("fold_threads"),
                         "seconds": teacher.get("seconds"),
                         "stage_s": stage.get("seconds"), "stage_pairs": stage.get("pairs"),
+                        # each shard's seconds in the averages, most of it waiting for the other, and its step order
+                        "stage_average_s": [r.get("average_seconds") for r in stage.get("shard_records", [])],
+                        "stage_step_order": stage.get("step_order", "formed" if stage.get("shards") else None),
                         "folds_s": [f["seconds"] for f in teacher.get("folds", [])],
                         "val": teacher.get("validation_spearman"), "test": teacher.get("test_spearman")},
             "stages": {k.split("/", 1)[1]: v for k, v in parent.data.metrics.items() if k.startswith("stage/")},

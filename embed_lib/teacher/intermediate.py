@@ -133,6 +133,8 @@ def stage_key(cfg: TeacherConfig, own: Mapping[str, PairData]) -> str | None:
               + tuple(name for name in LATER_FIELDS if recipe[name] != LATER_FIELDS[name])}
     if cfg.stage_shards > 1:
         recipe["sync_every"] = shards.SYNC_EVERY
+        if shards.STEP_ORDER != "formed":  # the stages cached before the shards ordered their steps keep their keys
+            recipe["step_order"] = shards.STEP_ORDER
     splits = _splits(cfg, own)
     prints: dict[str, Any] = {t: d.fingerprint for t, d in splits.items()}
     for t, rows in left_out(splits, own).items():  # a stage that leaves nothing out keeps its key (and cache)

@@ -134,16 +134,18 @@ def spearman_or_nan(a: np.ndarray, b: np.ndarray) -> float:
 def fit(ce, pairs: list[list[str]], y: np.ndarray, cfg: TeacherConfig, seed: int,
         es_pairs: list[list[str]] | None = None, es_y: np.ndarray | None = None,
         progress: Callable[[str], None] | None = None,
-        after_step: Callable[[int], None] | None = None) -> list[dict[str, float]]:
+        after_step: Callable[[int], None] | None = None, order: Callable | None = None) -> list[dict[str, float]]:
     """Fine-tune `ce` in place on (pairs, y); returns the per-epoch curve. With an early-stopping slice the
     best epoch's weights are restored and training stops after `patience` epochs without improvement.
     after_step(step): called after every optimizer step (counted from 0 over all epochs), e.g. to average the weights
-    of shards (`teacher.shards`)."""
+    of shards (`teacher.shards`). order(batches, characters, epoch) -> batches: the order an epoch's batches train
+    in (e.g. the shards' `teacher.shards.cost_ranked`); None: as they are formed."""
     # dropout draws from torch's global generator (transformers takes no generator): seed it inside a fork so
     # the caller's random state is left as it was
     with torch.random.fork_rng(devices=[]):
         torch.manual_seed(seed)
-        return _fit_epochs(ce, pairs, y, cfg, np.random.default_rng(seed), es_pairs, es_y, progress, after_step)
+        return _fit_epochs(ce, pairs, y, cfg, np.random.default_rng(seed), es_pairs, es_y, progress, after_step,
+                           order)
 
 
 def warmup_then_decay(opt: torch.optim.Optimizer, total: int, warmup: float) -> torch.optim.lr_scheduler.LambdaLR:
@@ -231,8 +233,15 @@ def _optimizer(model: torch.nn.Module, cfg: TeacherConfig, device: torch.device,
     return opt, warmup_then_decay(opt, steps, cfg.warmup)
 
 
+def _epoch_batches(cfg: TeacherConfig, lengths: np.ndarray, g: np.random.Generator, steps: int, epoch: int,
+                   order) -> list[np.ndarray]:
+    batches = (length_batches(lengths, cfg.batch_size, g) if cfg.length_buckets
+               else np.array_split(g.permutation(len(lengths)), steps))
+    return batches if order is None else order(batches, lengths, epoch)
+
+
 def _fit_epochs(ce, pairs, y, cfg, g: np.random.Generator, es_pairs, es_y, progress,
-                after_step=None) -> list[dict[str, float]]:
+                after_step=None, order=None) -> list[dict[str, float]]:
     if cfg.both_orders:
         pairs = pairs + [[b, a] for a, b in pairs]
         y = np.concatenate([y, y])
@@ -248,8 +257,7 @@ def _fit_epochs(ce, pairs, y, cfg, g: np.random.Generator, es_pairs, es_y, progr
     for epoch in range(1, cfg.epochs + 1):
         model.train()
         t0, loss_sum = time.perf_counter(), 0.0
-        batches = (length_batches(lengths, cfg.batch_size, g) if cfg.length_buckets
-                   else np.array_split(g.permutation(len(pairs)), steps_per_epoch))
+        batches = _epoch_batches(cfg, lengths, g, steps_per_epoch, epoch, order)
         ticker = None if progress is None else Progress(len(batches), f"epoch {epoch}/{cfg.epochs}", "batches",
                                                          emit=progress)
         for idx in batches:
