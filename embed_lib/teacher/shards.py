@@ -128,13 +128,13 @@ def _shard(rank: int, cfg: TeacherConfig, stage: TeacherConfig, pairs: list[list
 
 
 def fit_shards(cfg: TeacherConfig, stage: TeacherConfig, pairs: list[list[str]], y: np.ndarray, device: str,
-               out: Path, progress: Callable[[str], None], sync_every: int = SYNC_EVERY, order: str = STEP_ORDER
+               out: Path, progress: Callable[[str], None], sync_every: int = SYNC_EVERY, order: str | None = None
                ) -> tuple[list[dict[str, float]], dict[str, Any]]:
     """Train the stage (`stage`: its recipe, `intermediate.stage_config`) as `cfg.stage_shards` shards at once, each in
-    a spawned process of cores / shards threads (at least one), their batches in `order` (STEP_ORDERS), their weights
-    averaged every `sync_every` steps and at the end, and save the averaged model to `out`. Returns (shard 0's curve,
-    the record's extra fields)."""
-    shards = cfg.stage_shards
+    a spawned process of cores / shards threads (at least one), their batches in `order` (STEP_ORDERS; None:
+    STEP_ORDER, as the stage's key says), their weights averaged every `sync_every` steps and at the end, and save the
+    averaged model to `out`. Returns (shard 0's curve, the record's extra fields)."""
+    shards, order = cfg.stage_shards, order or STEP_ORDER
     step_order(cfg.seed, order)  # an unknown order is refused here, not in every worker
     threads = max(1, workers.cpu_cores() // shards)
     progress(f"{shards} shards at once, in {shards} processes of {threads} thread(s), steps {order.replace('_', '-')}, "
