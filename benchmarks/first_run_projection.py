@@ -1,6 +1,6 @@
 """What today's first run would take on hosts measured before (AVX2-only, AVX512-BF16): an estimate from measurements.
 
-    .venv/bin/python benchmarks/first_run_projection.py [--capped first_run_isa_avx2]
+    .venv/bin/python benchmarks/first_run_projection.py [--capped first_run_isa_avx2 [NAME ...]]
                                                         [--hosts first_run_avx2 first_run_avx2_s20]
                                                         [--reference NAME] [--name first_run_projection]
 
@@ -69,8 +69,8 @@ def project(capped: list[dict], host_runs: list[tuple[str, int, dict]], wall_max
 
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    ap.add_argument("--capped", default="first_run_isa_avx2", help="results file of the capped runs (default "
-                    "first_run_isa_avx2)")
+    ap.add_argument("--capped", nargs="+", default=["first_run_isa_avx2"], help="results files of the capped runs "
+                    "(default first_run_isa_avx2)")
     ap.add_argument("--hosts", nargs="+", default=["first_run_avx2", "first_run_avx2_s20"],
                     help="results files of runs on the hosts themselves (default first_run_avx2 first_run_avx2_s20)")
     ap.add_argument("--reference", default=None, help="results file of capped runs, on the --capped runs' core, of a "
@@ -82,9 +82,9 @@ def main() -> None:
     from benchmarks.first_run import TARGETS
 
     host_runs = [(name, i, run) for name in args.hosts for i, run in enumerate(_runs(name))]
-    figures = project(_runs(args.capped), host_runs, TARGETS["wall_s_max"],
+    figures = project([run for name in args.capped for run in _runs(name)], host_runs, TARGETS["wall_s_max"],
                       _runs(args.reference) if args.reference else None)
-    write_results(args.name, {"estimate": True, "capped": args.capped, "reference": args.reference,
+    write_results(args.name, {"estimate": True, "capped": " ".join(args.capped), "reference": args.reference,
                               "hosts_files": args.hosts, **figures})
 
 

@@ -15,10 +15,11 @@ only run them), up to the rounding of another thread count.
 
 A shard that finishes its steps first waits at the average for the others. A shard's batches, sorted by length, hold
 from a few to a hundred tokens a pair, so in the order they are formed (shuffled, each shard its own way) the slower
-shard's windows of SYNC_EVERY steps held 5.9% more characters than the mean (4.6% more tokens), for the fast teacher
-of STS-B, whose shards each waited 20-27 s in a stage of 390 s. So every shard trains its batches in an order of cost
-ranks that they all draw alike (`cost_ranked`): at each step the shards train batches of the same rank by characters
-among their own, each shard's order as random as before, and the windows 0.7% apart.
+shard's windows of SYNC_EVERY steps held 5.9% more characters than the mean (4.6% more tokens; the fast teacher of
+STS-B). So every shard trains its batches in an order of cost ranks that they all draw alike (`cost_ranked`): at each
+step the shards train batches of the same rank by characters among their own, each shard's order as random as before,
+and the windows 0.7% apart. Side by side capped at AVX2 each shard spent 3.0-5.5 s in the averages instead of
+8.8-13.3 s, and the stage took 0.968x the time (benchmarks/stage_shards.py --compare orders).
 """
 from __future__ import annotations
 
