@@ -7,6 +7,7 @@ import numpy as np
 import pytest
 import torch
 
+from benchmarks._common import teacher_training_pairs
 from embed_lib.data.tasks import load_splits
 from embed_lib.teacher import intermediate as I
 from embed_lib.teacher import recipe, shards
@@ -117,8 +118,7 @@ def test_cost_ranked_steps_keep_the_shards_windows_of_work_close(data_dir):
     formed and 0.7% cost-ranked."""
     fast = teacher_preset("fast")
     own = load_splits("stsb", ("train", "validation", "test"), data_dir=data_dir)
-    splits = I._splits(fast, own)
-    pairs, _ = I._sample(splits, fast.intermediate_pairs, fast.seed, I.left_out(splits, own))
+    pairs, _ = teacher_training_pairs(fast, own)  # the stage's, as teacher.intermediate samples them
     characters = np.array([len(a) + len(b) for a, b in pairs])
     size = shards.shard_batch_size(I.stage_config(fast), fast.stage_shards)
     excess = {}
