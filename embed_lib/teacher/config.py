@@ -18,7 +18,7 @@ PRECISIONS = ("fp32", "bf16")
 #: fields added after teacher scores were first cached: left out of the cache keys at these defaults, so that
 #: every teacher cached before them keeps its key
 LATER_FIELDS = {"precision": "fp32", "freeze_embeddings": False, "stage_shards": 1, "freeze_layers": 0,
-                "dropout": None}
+                "dropout": None, "stage_dropout": None}
 
 
 def check_spec(spec: str) -> None:
@@ -82,6 +82,8 @@ class TeacherConfig:
     #: instead of 680-694 s in fp32, fresh clones), but the sweep's champion over it gained less: validation +0.0111
     #: instead of +0.0129, under the +0.012 floor of the first run (results/README.md#the-first-run)
     dropout: float | None = bounded(None, 0.0, 0.9, allow_none=True)
+    #: the intermediate stage's dropout (None: `dropout`'s)
+    stage_dropout: float | None = bounded(None, 0.0, 0.9, allow_none=True)
     #: intermediate stage (embed_lib.teacher.intermediate): "" (none), "others" (every built-in task but the
     #: teacher's own) or built-in tasks separated by commas, whose train pairs the backbone learns once
     #: (one epoch, one order) before the folds start from it
@@ -118,7 +120,7 @@ PRESETS: dict[str, dict[str, Any]] = {
     "strong": dict(folds=3, epochs=3, patience=1, early_stopping_fraction=0.1, intermediate="others"),
     "light": dict(folds=3, epochs=1, early_stopping_fraction=0.0, intermediate="others"),
     "fast": dict(folds=2, lr=1e-4, epochs=1, early_stopping_fraction=0.0, intermediate="others", precision="bf16",
-                 freeze_embeddings=True, stage_shards=2),
+                 freeze_embeddings=True, stage_shards=2, stage_dropout=0.0),
 }
 
 

@@ -117,7 +117,9 @@ def _sample(splits: dict[str, PairData], per_task: int, seed: int,
 
 def stage_config(cfg: TeacherConfig) -> TeacherConfig:
     """The stage's recipe: the teacher's, for one epoch over one pair order, batches of 32, no early stopping."""
-    return dataclasses.replace(cfg, epochs=1, both_orders=False, batch_size=32, early_stopping_fraction=0.0)
+    return dataclasses.replace(cfg, epochs=1, both_orders=False, batch_size=32, early_stopping_fraction=0.0,
+                               dropout=cfg.dropout if cfg.stage_dropout is None else cfg.stage_dropout,
+                               stage_dropout=None)
 
 
 def stage_key(cfg: TeacherConfig, own: Mapping[str, PairData]) -> str | None:
