@@ -65,7 +65,10 @@ def test_teacher_preset_flags_name_the_preset_and_the_fix():
     assert (teacher_config(args).precision, teacher_config(args).stage_shards) == ("bf16", 3)
     args = build_parser().parse_args(["train", "--task", "stsb", "--teacher-preset", "fast"])
     assert teacher_config(args).stage_shards == 2  # the preset's
-    assert teacher_config(args).dropout is None  # the model's own
+    assert (teacher_config(args).dropout, teacher_config(args).stage_dropout) == (None, 0.0)  # stage: none
+    args = build_parser().parse_args(["train", "--task", "stsb", "--teacher-preset", "fast",
+                                      "--teacher-stage-dropout", "0.1"])
+    assert teacher_config(args).stage_dropout == 0.1
     args = build_parser().parse_args(["train", "--task", "stsb", "--teacher-preset", "fast",
                                       "--teacher-dropout", "0.1"])
     assert teacher_config(args).dropout == 0.1

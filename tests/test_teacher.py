@@ -195,7 +195,11 @@ def test_presets():
     fast = TC.teacher_preset("fast")
     assert TC.preset_of(fast) == "fast" and TC.preset_of(TC.teacher_preset("light")) == "light"  # not one another
     assert (fast.precision, fast.freeze_embeddings, fast.folds, fast.lr) == ("bf16", True, 2, 1e-4)
-    assert {TC.teacher_preset(p).dropout for p in TC.PRESETS} == {None}  # the model's own dropout in every recipe
+    assert {TC.teacher_preset(p).dropout for p in TC.PRESETS} == {None}  # the model's own dropout in the folds
+    assert {p: TC.teacher_preset(p).stage_dropout for p in TC.PRESETS} == {"strong": None, "light": None, "fast": 0.0}
+    assert [I.stage_config(TC.teacher_preset(p)).dropout for p in ("strong", "fast")] == [None, 0.0]
+    assert I.stage_config(TeacherConfig(dropout=0.2)).dropout == 0.2  # no stage_dropout: the teacher's
+    assert I.stage_config(dataclasses.replace(fast, dropout=0.2)).dropout == 0.0  # the stage's own wins
     # otherwise the light recipe: one epoch per fold, no early stopping, the same stage's tasks and pairs
     fast_rest = {k: v for k, v in dataclasses.asdict(fast).items() if k not in {*TC.LATER_FIELDS, "folds", "lr"}}
     assert fast_rest == {k: v for k, v in dataclasses.asdict(TC.teacher_preset("light")).items()
@@ -298,6 +302,12 @@ def test_later_fields_enter_the_keys_only_when_set(tiny_splits):
                   (staged, dataclasses.replace(staged, precision="bf16"), dataclasses.replace(staged, dropout=0.0),
                    dataclasses.replace(staged, freeze_embeddings=True), dataclasses.replace(staged, freeze_layers=3))}
     assert len(stage_keys) == 5  # a stage trained in bf16, without dropout, with frozen embeddings or layers: another
+    # a stage trained at some dropout is the same stage however the config says so; the folds' dropout is the teacher's
+    stage_only, everywhere = dataclasses.replace(staged, stage_dropout=0.0), dataclasses.replace(staged, dropout=0.0)
+    assert I.stage_key(stage_only, tiny_splits) == I.stage_key(everywhere, tiny_splits)
+    assert I.stage_key(dataclasses.replace(everywhere, stage_dropout=0.1), tiny_splits) == I.stage_key(
+        dataclasses.replace(staged, dropout=0.1), tiny_splits) != I.stage_key(staged, tiny_splits)
+    assert len({teacher_key(c, tiny_splits) for c in (staged, stage_only, everywhere)}) == 3
     # the stage trains one epoch on one order, whatever the folds' epochs: the same stage
     assert I.stage_key(dataclasses.replace(staged, epochs=3), tiny_splits) == I.stage_key(
         staged, tiny_splits)
@@ -527,6 +537,31 @@ def test_a_real_intermediate_stage_round_trips_through_its_folder(tiny_splits, t
     again, _ = warm_start(cfg, tiny_splits, tmp_path / "another", "cpu", lambda m: None)
     np.testing.assert_array_equal(recipe.predict(recipe.load(cfg, "cpu", again), pairs, cfg),
                                   recipe.predict(loaded[0], pairs, cfg))
+
+
+def test_the_stage_trains_at_its_own_dropout_and_the_folds_start_from_it_at_the_models(tiny_splits, tmp_path,
+                                                                                      monkeypatch):
+    fit, seen = recipe.fit, []
+
+    def spy(ce, *args, **kwargs):
+        curve = fit(ce, *args, **kwargs)
+        seen.append({m.p for m in ce.model.modules() if isinstance(m, torch.nn.Dropout)})
+        return curve
+
+    monkeypatch.setattr(recipe, "fit", spy)
+    cfg = TeacherConfig(max_length=32, intermediate="mrpc", intermediate_pairs=100, stage_dropout=0.0)
+    folder, _ = warm_start(cfg, tiny_splits, tmp_path, "cpu", lambda m: None)
+    assert seen == [{0.0}]  # the stage trained without dropout
+    assert Path(folder).name == I.stage_key(dataclasses.replace(cfg, stage_dropout=None, dropout=0.0), tiny_splits)
+    # what it saved keeps the model's own dropout: a fold loads the stage at MiniLM's 0.1 and trains so (dropout None)
+    assert json.loads((Path(folder) / "config.json").read_text())["hidden_dropout_prob"] == 0.1
+    fold = recipe.load(cfg, "cpu", folder)
+    assert {m.p for m in fold.model.modules() if isinstance(m, torch.nn.Dropout)} == {0.1}
+    rows = np.arange(16)
+    T.fit_on_rows(fold, tiny_splits["train"], rows, dataclasses.replace(cfg, epochs=1, batch_size=8,
+                                                                        early_stopping_fraction=0.0), 0, 0,
+                  lambda m: None)
+    assert seen[1:] == [{0.1}]
 
 
 def _write_teacher_cache_many_times(args):

@@ -136,7 +136,7 @@ def test_declared_bounds_are_checked_at_their_edges():
             for bad in (b.low if b.low_open else b.low - step, b.high + step):
                 with pytest.raises(ValueError, match=rf"^{cls.__name__}\.{f.name}={bad!r}"):
                     cls(**{f.name: bad})
-    assert checked == 3 + 15 + 14  # TeacherConfig: 14 with stage_shards, freeze_layers and dropout
+    assert checked == 3 + 15 + 15  # TeacherConfig: 15 with stage_shards, freeze_layers, dropout and stage_dropout
 
 
 def test_bounds_reject_what_is_not_a_number_and_take_numpy_scalars():

@@ -107,7 +107,7 @@ def add_teacher_flags(p: argparse.ArgumentParser, default_preset: str = "strong"
     for name, kind in (("folds", int), ("epochs", int), ("stage_shards", int)):
         p.add_argument(f"--teacher-{name.replace('_', '-')}", type=kind, default=None,
                        help=f"{docs[name]} (overrides the preset)")
-    for name, kind in (("lr", float), ("max_length", int), ("dropout", float)):
+    for name, kind in (("lr", float), ("max_length", int), ("dropout", float), ("stage_dropout", float)):
         p.add_argument(f"--teacher-{name.replace('_', '-')}", type=kind, default=None,
                        help=f"{docs[name]} (default: the preset's, else {getattr(d, name)!r})")
     p.add_argument("--teacher-precision", choices=PRECISIONS, default=None,
@@ -151,7 +151,8 @@ def teacher_config(args: argparse.Namespace, task: str | None = None):
                                    ("intermediate", args.teacher_intermediate),
                                    ("precision", args.teacher_precision),
                                    ("stage_shards", args.teacher_stage_shards),
-                                   ("dropout", args.teacher_dropout))
+                                   ("dropout", args.teacher_dropout),
+                                   ("stage_dropout", args.teacher_stage_dropout))
                  if v is not None}
     preset = preset_for(args.teacher_preset, task or getattr(args, "task", ""),
                         getattr(args, "teacher_preset_default", "strong"))

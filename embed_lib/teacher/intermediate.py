@@ -116,7 +116,9 @@ def _sample(splits: dict[str, PairData], per_task: int, seed: int,
 
 
 def stage_config(cfg: TeacherConfig) -> TeacherConfig:
-    """The stage's recipe: the teacher's, for one epoch over one pair order, batches of 32, no early stopping."""
+    """The stage's recipe: the teacher's, for one epoch over one pair order, batches of 32, no early stopping, at the
+    stage's dropout (`stage_dropout`, else the teacher's): a stage that trains at some dropout is the same stage (and
+    key) however the teacher's config says so."""
     return dataclasses.replace(cfg, epochs=1, both_orders=False, batch_size=32, early_stopping_fraction=0.0,
                                dropout=cfg.dropout if cfg.stage_dropout is None else cfg.stage_dropout,
                                stage_dropout=None)
