@@ -77,11 +77,11 @@ class TeacherConfig:
     #: step in fp32 0.66 of its time, but the fast teacher's STS-B test Spearman 0.778 instead of 0.838 (a
     #: bi-encoder's lower layers never attended across two sentences; results/README.md#the-first-run)
     freeze_layers: int = bounded(0, 0, 128)
-    #: the probability of every dropout in the model while the folds train (None: the model's own, MiniLM's 0.1;
-    #: the stage's too unless `stage_dropout` says otherwise). The fast recipe with 0.0 in stage and folds trained a
-    #: better teacher, faster (STS-B test Spearman 0.8429 instead of 0.8378 and 630 s instead of 680-694 s in fp32,
-    #: fresh clones), but the sweep's champion over it gained less: validation +0.0111 instead of +0.0129, under the
-    #: +0.012 floor of the first run (results/README.md#the-first-run)
+    #: the probability of every dropout in the model while the folds and the served teacher train (None: the model's
+    #: own, MiniLM's 0.1; the stage's too unless `stage_dropout` says otherwise). The fast recipe with 0.0 in stage
+    #: and folds trained a better teacher, faster (STS-B test Spearman 0.8429 instead of 0.8378 and 630 s instead of
+    #: 680-694 s in fp32, fresh clones), but the sweep's champion over it gained less: validation +0.0111 instead of
+    #: +0.0129, under the +0.012 floor of the first run (results/README.md#the-first-run)
     dropout: float | None = bounded(None, 0.0, 0.9, allow_none=True)
     #: the probability of every dropout in the model while the intermediate stage trains (None: `dropout`'s). The
     #: fast recipe's stage trains without (0.0): a stage step 0.85x the time in fp32 and in bf16, and the folds keep
