@@ -190,6 +190,8 @@ CONTROLS = {
 }
 TARGETS = ("none", "surface", "lexical", "ce_margin")
 LOSSES = ("cosent", "logistic", "mse")
+#: distillation's controls: "shuffled" permutes the teacher's scores over the pairs (per seed), keeping their values
+DISTIL_CONTROLS = ("none", "shuffled")
 
 
 @dataclass(frozen=True)
@@ -228,6 +230,16 @@ class AdapterConfig:
     #: [S] anchoring: weight of the residual-magnitude penalty mean(((s - s0) / gamma)^2) / tau (pair forms);
     #: it keeps a pair at the frozen score unless moving it pays on the task loss (/ tau like CoSENT's gradients)
     lambda_delta: float = bounded(0.0, 0.0, 1e4)
+    #: [S] distillation (pair forms): weight of the teacher's ranking against the labels', L = (1 - lambda_distil)
+    #: L_task(s, y) + lambda_distil CoSENT(s, teacher) over the batch's labelled pairs and its silver pairs. 0: the
+    #: labels alone; 1: the teacher alone. Needs the teacher's scores (a study loaded with a teacher)
+    lambda_distil: float = unit_interval(0.0)
+    #: [S] distillation: the share of the study's silver pairs (unlabelled pairs of train sentences the teacher
+    #: scored, `embed_lib.training.silver`) trained on beside the labelled ones: its first round(fraction * n). 0: the
+    #: labelled pairs only
+    silver_fraction: float = unit_interval(0.0)
+    #: [S] distillation's control: none | shuffled (the teacher's scores permuted over the pairs, per seed)
+    distil_control: str = "none"
     #: [S] anchoring: novelty gate (pair forms). 0 = off; q > 0 closes the residual for pairs with a sentence
     #: less familiar (max cosine to the training sentences) than the q-quantile of the training sentences'
     #: leave-one-out familiarity, opening linearly up to the (q + 0.25)-quantile
@@ -266,6 +278,15 @@ class AdapterConfig:
         if self.loss not in LOSSES:
             raise ValueError(f"Unknown loss {self.loss!r}. Valid losses: {list(LOSSES)}.")
         check_bounds(self)
+        if self.distil_control not in DISTIL_CONTROLS:
+            raise ValueError(f"Unknown distil_control {self.distil_control!r}. Valid: {list(DISTIL_CONTROLS)}.")
+        if self.lambda_distil > 0 and not self.adapter.startswith("pair"):
+            raise ValueError(f"AdapterConfig.lambda_distil={self.lambda_distil} applies to the pair forms; adapter "
+                             f"{self.adapter!r} has no residual to learn the teacher's scores with. Set it to 0.")
+        if self.lambda_distil == 0 and (self.silver_fraction > 0 or self.distil_control != "none"):
+            raise ValueError(f"AdapterConfig.silver_fraction={self.silver_fraction}, distil_control="
+                             f"{self.distil_control!r} need distillation (silver pairs carry only the teacher's "
+                             "scores): set lambda_distil in (0, 1], or silver_fraction=0 and distil_control='none'.")
         if self.novelty_quantile > 0 and not self.adapter.startswith("pair"):
             raise ValueError(f"AdapterConfig.novelty_quantile={self.novelty_quantile} applies to the pair forms; "
                              f"adapter {self.adapter!r} has no residual to close. Set it to 0.")
@@ -280,6 +301,11 @@ class AdapterConfig:
         if self.adapter == "pair_gated":
             return self.control != "constant"
         return self.adapter.startswith("per_sentence") and self.control in ("none", "shuffled")
+
+    @property
+    def distilled(self) -> bool:
+        """Whether the configuration learns the teacher's scores."""
+        return self.lambda_distil > 0
 
     @property
     def target_level(self) -> str:

@@ -16,8 +16,8 @@ import ray
 import torch
 from ray import tune
 
-from embed_lib.cli.args import (encoder_config, resolve_task, skip_exit_collection, teacher_config, teacher_progress,
-                                teacher_summary)
+from embed_lib.cli.args import (encoder_config, resolve_task, silver_pairs, skip_exit_collection, teacher_config,
+                                teacher_progress, teacher_summary)
 from embed_lib.config import default_cache_dir, writable_dir
 from embed_lib.teacher.config import preset_of
 from embed_lib.teacher.workers import cpu_cores
@@ -109,9 +109,13 @@ def precompute_on_gpu(args) -> bool:
     return args.device == "cuda" or args.gpus_per_trial > 0 or has
 
 
-def _precompute_all(args, cache_dir: Path, limit: int | None, transfer: list[str]):
-    """{tau_attn: StudyData} and the teacher record, each computed once before any trial."""
+def _precompute_all(args, cache_dir: Path, limit: int | None, transfer: list[str], distils: bool = False):
+    """{tau_attn: StudyData} and the teacher record, each computed once before any trial; with silver pairs for the
+    teacher to score where the search `distils` (and the flags leave them on)."""
     teacher = teacher_config(args)
+    silver = silver_pairs(args, wanted=distils and teacher is not None)
+    if silver is not None and limit is not None:
+        silver = min(silver, 2 * limit)  # the smoke test's and --limit's few pairs: as many silver pairs as train ones
     if teacher is not None and args.smoke_test:
         # the smoke test checks the path, not the teacher: no intermediate stage (tens of thousands of pairs)
         teacher = dataclasses.replace(teacher, max_length=64, epochs=1, early_stopping_fraction=0.0, intermediate="")
@@ -132,12 +136,23 @@ def _precompute_all(args, cache_dir: Path, limit: int | None, transfer: list[str
             studies[tau], record = precompute(args.task, encoder_config(args, tau_attn=tau), teacher,
                                               args.data_dir, str(cache_dir), limit, workers,
                                               transfer=transfer, progress=teacher_progress(args.task),
-                                              use_gpu=gpu, teacher_device="cpu" if args.device == "cpu" else None)
+                                              use_gpu=gpu, teacher_device="cpu" if args.device == "cpu" else None,
+                                              silver=silver)
     finally:
         torch.set_num_threads(threads)
     if record is not None:
         print(teacher_summary(record), flush=True)
     return studies, record
+
+
+def distil_fixed(data, record, space_keys: list[str]) -> dict[str, Any]:
+    """What the search may not vary of distillation with the study it has: no teacher, no distillation; no silver
+    pairs (--no-silver), none to train on."""
+    if "lambda_distil" not in space_keys:
+        return {}
+    if record is None or data.splits["train"].teacher is None:
+        return {"lambda_distil": 0.0, "silver_fraction": 0.0}
+    return {"silver_fraction": 0.0} if data.silver is None else {}
 
 
 def _log_sweep_inputs(args, name: str, fixed: dict[str, Any], studies: dict, record, transfer: list[str]) -> None:
@@ -206,9 +221,10 @@ def run_sweep(args, script: str, space_fn, space_keys: list[str], fixed: dict[st
     tracking_uri, experiment, parent = _open_parent_run(args, name, storage)
     with interrupt.ended_as_killed(tracking_uri, experiment.experiment_id, parent.info.run_id, storage / name):
         # 3. embeddings, transfer checks and held-out teacher scores, once
-        studies, record = _precompute_all(args, cache_dir, limit, transfer)
+        studies, record = _precompute_all(args, cache_dir, limit, transfer, distils="lambda_distil" in space_keys)
         taus = list(studies)
         first = studies[taus[0]]
+        fixed = {**distil_fixed(first, record, space_keys), **fixed}
         stages = {"precompute_s": round(time.perf_counter() - t0, 1)}
         if not args.resume:
             _log_sweep_inputs(args, name, fixed, studies, record, transfer)

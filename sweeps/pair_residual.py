@@ -8,7 +8,9 @@ Hyperparameters
               (gate_task_grad; default no: the gate learns its target only), gamma, tau, normalisation exponent p
               (fixed 1 or learned from 0.5), lambda_c, lambda_mod, tau_attn (from --tau-attn-values);
               anchoring: lambda_delta (residual-magnitude penalty), novelty_quantile (a gate that closes
-              for pairs unlike the training sentences); gamma bounds the step in any case
+              for pairs unlike the training sentences); gamma bounds the step in any case;
+              distillation: lambda_distil (the weight of the teacher's ranking against the labels') and
+              silver_fraction (the share of the silver pairs, --silver-pairs, trained on beside the labelled ones)
   nuisance:   learning rate, weight decay, width, epochs
   fixed:      encoder, task, data split, loss (CoSENT), batch size 128, seed group (--seeds, seeds 0..n-1)
 Every trial trains its whole seed group and reports mean / std / min / count positive of the
@@ -27,7 +29,8 @@ from sweeps.cli import suggest_nuisance, sweep_main  # noqa: E402  (after the ch
 
 FIXED = {"loss": "cosent", "batch_size": 128, "control": "none", "hidden": 128, "alpha0": 0.5}
 SPACE_KEYS = ["adapter", "target", "gate_task_grad", "gamma", "tau", "learn_p", "lambda_c", "lambda_mod",
-              "lambda_delta", "novelty_quantile", "lr", "weight_decay", "width", "epochs", "tau_attn"]
+              "lambda_delta", "novelty_quantile", "lambda_distil", "silver_fraction", "lr", "weight_decay", "width",
+              "epochs", "tau_attn"]
 
 
 def space(trial, tau_attn_values=(1.0,), targets=("ce_margin", "lexical"), fixed=()) -> dict:
@@ -50,6 +53,13 @@ def space(trial, tau_attn_values=(1.0,), targets=("ce_margin", "lexical"), fixed
     trial.suggest_categorical("lambda_mod", [0.0, 0.01, 0.1])
     trial.suggest_categorical("lambda_delta", [0.0, 0.1, 1.0, 10.0])
     trial.suggest_categorical("novelty_quantile", [0.0, 0.1, 0.2, 0.3, 0.5])
+    # distillation, where the sweep has a teacher (else the sweep holds lambda_distil at 0: sweeps.cli.distil_fixed)
+    if "lambda_distil" not in fixed:
+        if trial.suggest_categorical("lambda_distil", [0.0, 0.25, 0.5, 0.75, 1.0]) > 0:
+            if "silver_fraction" not in fixed:
+                trial.suggest_categorical("silver_fraction", [0.0, 0.5, 1.0])
+        else:
+            constants["silver_fraction"] = 0.0
     if len(tau_attn_values) > 1:
         trial.suggest_categorical("tau_attn", tau_attn_values)
     suggest_nuisance(trial, fixed)

@@ -64,7 +64,8 @@ def remote_teacher(splits, cfg):
 
 
 def precompute(task: str, encoder, teacher, data_dir, cache_dir, limit: int | None, workers: int = 1,
-               transfer=(), progress=None, use_gpu: bool | None = None, teacher_device: str | None = None):
+               transfer=(), progress=None, use_gpu: bool | None = None, teacher_device: str | None = None,
+               silver: int | None = None):
     """(StudyData, teacher record), assembled once before any trial, on the driver: sentences missing from the cache
     (the task's and the transfer checks') are encoded by a pool of `workers` Ray actors; the held-out teacher is
     trained (or read from its cache) on the driver, where its progress reaches the job's output. On a cluster with
@@ -75,13 +76,14 @@ def precompute(task: str, encoder, teacher, data_dir, cache_dir, limit: int | No
     use_gpu: None decides by the GPUs the cluster has now; the sweep passes True when its trials ask for GPUs, so that
     an autoscaling cluster whose GPU nodes start at zero adds one for the encoders and the teacher too.
     teacher_device: the device of a teacher trained on the driver (None: the best available; the sweep's --device cpu
-    gives cpu)."""
+    gives cpu). silver: silver pairs for the teacher to score with the splits (distillation; `load_study`)."""
     gpu = use_gpu if use_gpu is not None else ray.cluster_resources().get("GPU", 0) >= 1
     pool = LazyPool(encoder, workers, use_gpu=gpu)
     try:
         data, record = load_study(task, encoder, teacher, data_dir=data_dir, cache_dir=cache_dir, limit=limit,
                                   transfer=transfer, progress=progress, lazy=pool,
-                                  teacher_compute=remote_teacher if gpu else None, teacher_device=teacher_device)
+                                  teacher_compute=remote_teacher if gpu else None, teacher_device=teacher_device,
+                                  silver=silver)
     finally:
         pool.shutdown()
     # what each trial would otherwise compute again on its own copy of the study (the novelty gate's familiarity of

@@ -11,14 +11,15 @@ from pathlib import Path
 import mlflow
 import numpy as np
 
-from embed_lib.cli.args import adapter_config, encoder_config, teacher_config, teacher_progress, teacher_summary
+from embed_lib.cli.args import (adapter_config, encoder_config, silver_pairs, teacher_config, teacher_progress,
+                                teacher_summary)
 from embed_lib.cli.values import gamma_grid
 from embed_lib.config import default_cache_dir
 from embed_lib.data.tasks import SPLITS, distinct_texts, load_splits, task_names
 from embed_lib.encoding.cache import EmbeddedTask, EmbeddingCache, manifest_mismatch
 from embed_lib.pipeline.prepare import LazyEncoder, default_transfer, embed_retrieval_set, embed_splits, load_study
 from embed_lib.report.files import write_report
-from embed_lib.report.study import STANDARD_ARMS, headroom_of, run_study, study_json, study_markdown
+from embed_lib.report.study import ARM_SETS, headroom_of, run_study, study_json, study_markdown
 from embed_lib.teacher.cross_encoder import served_teacher
 from embed_lib.tracking.cross_encoder_registry import log_cross_encoder
 from embed_lib.tracking.registry import load_registered
@@ -81,18 +82,23 @@ def cmd_baseline(args: argparse.Namespace) -> int:
 
 
 def _needs_teacher(cfg) -> bool:
-    return cfg.target == "ce_margin"
+    return cfg.target == "ce_margin" or cfg.distilled
 
 
 def cmd_train(args: argparse.Namespace) -> int:
     cfg = adapter_config(args, args.task)
     teacher = teacher_config(args)
     if _needs_teacher(cfg) and teacher is None:
-        raise ValueError("--target ce_margin needs the teacher; drop --no-teacher.")
+        raise ValueError(f"{'--lambda-distil' if cfg.distilled else '--target ce_margin'} needs the teacher; drop "
+                         "--no-teacher.")
+    silver = silver_pairs(args, wanted=cfg.silver_fraction > 0)
+    if cfg.silver_fraction > 0 and silver is None:
+        raise ValueError(f"--silver-fraction {cfg.silver_fraction} trains on silver pairs, and --no-silver builds "
+                         "none: drop one of the two.")
     data, record = load_study(args.task, encoder_config(args), teacher if _needs_teacher(cfg) else None,
                               data_dir=args.data_dir, cache_dir=args.cache_dir, limit=args.limit,
                               transfer=default_transfer(args.task) if args.transfer else (),
-                              progress=teacher_progress(args.task))
+                              progress=teacher_progress(args.task), silver=silver)
     result = train_seed_group(cfg, data)
     print(result.table())
     s = result.summary
@@ -125,15 +131,16 @@ def cmd_study(args: argparse.Namespace) -> int:
     for task in tasks:  # every flag made into its config before the first task is encoded or its teacher trained
         adapter_config(args, task), teacher_config(args, task)
     sections, summary = [], {}
+    silver = silver_pairs(args, wanted=any(o.get("silver_fraction", 0) > 0 for _, o in ARM_SETS[args.arms]))
     for task in tasks:
         print(f"[{task}]", file=sys.stderr)
         data, record = load_study(task, encoder_config(args), teacher_config(args, task), data_dir=args.data_dir,
                                   cache_dir=args.cache_dir, limit=args.limit,
                                   transfer=default_transfer(task) if args.transfer else (),
-                                  progress=teacher_progress(task))
+                                  progress=teacher_progress(task), silver=silver)
         if record is not None:
             print(teacher_summary(record), file=sys.stderr)
-        arms = [(label, o) for label, o in STANDARD_ARMS if args.arms == "all" or o["adapter"].startswith(args.arms)]
+        arms = ARM_SETS[args.arms]
         results = run_study(data, adapter_config(args, task), arms=arms, gammas=gammas,
                             log=lambda m: print(m, file=sys.stderr))
         sections.append(study_markdown(task, data, results, record))

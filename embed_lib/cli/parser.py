@@ -85,8 +85,10 @@ def build_parser() -> argparse.ArgumentParser:
     _add_common(p, many=True)
     add_adapter_flags(p)
     add_teacher_flags(p)
-    p.add_argument("--arms", choices=["all", "pair", "per_sentence"], default="all",
-                   help="the standard arms to run: all (default), or only the pair / per-sentence forms")
+    p.add_argument("--arms", choices=["all", "pair", "per_sentence", "distil"], default="all",
+                   help="the arms to run: all (default), only the standard pair / per-sentence forms, or distil "
+                        "(distillation: labelled and silver pairs, a shuffled-teacher control, beside the ungated and "
+                        "the teacher-gated residual)")
     p.add_argument("--gamma-grid", default="0.05,0.1,0.2,0.5,1.0",
                    help="gammas every arm with a gamma is trained at; each arm keeps its best on validation "
                         "(default 0.05,0.1,0.2,0.5,1.0: a gate that learns its target only needs the larger ones)")

@@ -15,11 +15,12 @@ import numpy as np
 
 from embed_lib.config import EncoderConfig, default_cache_dir
 from embed_lib.data.tasks import SPLITS, PairData, load_splits, task_names
-from embed_lib.encoding.cache import EmbeddedTask, EmbeddingCache, embed_task
+from embed_lib.encoding.cache import EmbeddedSplit, EmbeddedTask, EmbeddingCache, embed_task
 from embed_lib.encoding.encoders import FrozenEncoder, encoder_manifest
 from embed_lib.teacher.config import TeacherConfig
 from embed_lib.teacher.scores import quality_report, teacher_scores
 from embed_lib.training.retrieval import RetrievalSet, build_retrieval_set
+from embed_lib.training.silver import SILVER, build_silver
 from embed_lib.training.tensors import TRANSFER_PREFIX, WHOLE_SUFFIX, StudyData, prepare_study
 
 
@@ -72,6 +73,7 @@ def load_study(task: str, encoder: EncoderConfig | None = None, teacher: Teacher
                data_dir: str | Path | None = None, cache_dir: str | Path | None = None,
                limit: int | None = None, transfer: Iterable[str] = (), progress=None,
                lazy=None, teacher_compute=None, teacher_device: str | None = None,
+               silver: int | None = None, silver_seed: int = 0,
                ) -> tuple[StudyData, dict[str, Any] | None]:
     """StudyData for `task` (teacher=None: no ce_margin target) and the teacher record, with the teacher's
     quality per split (Spearman, error correlation with the frozen cosine, rank average) in the record.
@@ -81,11 +83,16 @@ def load_study(task: str, encoder: EncoderConfig | None = None, teacher: Teacher
     missing from the cache (default a LazyEncoder of `encoder`; the sweeps pass a Ray actor pool).
     teacher_compute: where the teacher trains on a cache miss (`teacher_scores`' compute; default here).
     teacher_device: the torch device it trains on here (None: the best available).
+    silver: build this many silver pairs of the train sentences (`embed_lib.training.silver`, seeded by silver_seed)
+    for the teacher to score with the splits (they enter its cache key): `StudyData.silver`, for distillation.
     """
     if limit is not None and (isinstance(limit, bool) or not isinstance(limit, int) or limit < 1):
         raise ValueError(f"load_study(limit={limit!r}): give a whole number of pairs per split, 1 or more (None: all).")
     if isinstance(transfer, str):
         raise TypeError(f"load_study(transfer={transfer!r}): give a list of task names, e.g. [{transfer!r}].")
+    if silver is not None and teacher is None:
+        raise ValueError(f"load_study(silver={silver!r}): silver pairs have no labels, only the teacher's scores; give "
+                         "a teacher, or no silver pairs (--no-silver).")
     root = Path(cache_dir) if cache_dir else default_cache_dir()
     splits = load_splits(task, SPLITS, data_dir)
     if limit is not None:
@@ -95,10 +102,21 @@ def load_study(task: str, encoder: EncoderConfig | None = None, teacher: Teacher
     if hasattr(lazy, "shutdown"):  # an encoder pool: release its workers before the teacher trains
         lazy.shutdown()
     scores, record = (None, None)
+    scored = dict(splits)
+    if silver is not None:
+        # unseen pairs of train sentences; no sentence of validation, test or a transfer check among them
+        banned = {t for name, d in {**splits, **extra}.items() if name != "train" for t in d.texts()}
+        scored[SILVER] = build_silver(splits["train"], emb.texts, emb.vectors, silver, silver_seed, banned)
+        row = {t: i for i, t in enumerate(emb.texts)}
+        emb.splits[SILVER] = EmbeddedSplit(scored[SILVER], np.array([row[t] for t in scored[SILVER].sentence1]),
+                                           np.array([row[t] for t in scored[SILVER].sentence2]))
     if teacher is not None:
-        scores, record = teacher_scores(splits, teacher, root, device=teacher_device, progress=progress,
+        scores, record = teacher_scores(scored, teacher, root, device=teacher_device, progress=progress,
                                         compute=teacher_compute)
     data = prepare_study(emb, scores)
+    if record is not None and SILVER in scored:
+        record = {**record, "silver": {"pairs": len(scored[SILVER]), "seed": silver_seed,
+                                       "fingerprint": scored[SILVER].fingerprint, "note": scored[SILVER].split_note}}
     if record is not None:
         record = {**record, "quality": quality_report(
             scores, {k: data.splits[k].s0 for k in SPLITS}, {k: data.splits[k].y.numpy() for k in SPLITS})}

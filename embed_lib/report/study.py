@@ -42,6 +42,30 @@ STANDARD_ARMS: list[tuple[str, dict[str, Any]]] = [
 ]
 
 
+#: distillation (the adapter learns the teacher's scores, not only its difficulty) and its controls, same seeds: the
+#: teacher-gated residual without it, the labelled pairs alone, with the silver pairs, and the teacher's scores
+#: shuffled over the pairs (the same values, no information: what the extra loss term does by itself)
+DISTIL = dict(lambda_distil=0.5)
+DISTIL_ARMS: list[tuple[str, dict[str, Any]]] = [
+    ("pair ungated", dict(adapter="pair_ungated", target="none")),
+    ("pair gated (ce_margin)", dict(adapter="pair_gated", target="ce_margin")),
+    ("pair ungated, distilled (labelled pairs)", dict(adapter="pair_ungated", target="none", **DISTIL)),
+    ("pair ungated, distilled (labelled + silver)",
+     dict(adapter="pair_ungated", target="none", silver_fraction=1.0, **DISTIL)),
+    ("pair ungated, distilled (labelled + silver), shuffled teacher",
+     dict(adapter="pair_ungated", target="none", silver_fraction=1.0, distil_control="shuffled", **DISTIL)),
+    ("pair gated (ce_margin), distilled (labelled + silver)",
+     dict(adapter="pair_gated", target="ce_margin", silver_fraction=1.0, **DISTIL)),
+    ("pair gated (ce_margin), distilled (labelled + silver), shuffled teacher",
+     dict(adapter="pair_gated", target="ce_margin", silver_fraction=1.0, distil_control="shuffled", **DISTIL)),
+]
+#: --arms value -> the arms it runs
+ARM_SETS = {"all": STANDARD_ARMS + DISTIL_ARMS[2:],
+            "pair": [a for a in STANDARD_ARMS if a[1]["adapter"].startswith("pair")],
+            "per_sentence": [a for a in STANDARD_ARMS if a[1]["adapter"].startswith("per_sentence")],
+            "distil": DISTIL_ARMS}
+
+
 def _uses_gamma(overrides: dict[str, Any]) -> bool:
     return overrides["adapter"].startswith("pair") or overrides["adapter"] == "per_sentence_preserving"
 

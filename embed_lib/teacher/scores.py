@@ -4,7 +4,8 @@ Used by `signals.ce_margin`: the teacher's score of a training pair must come fr
 trained on that pair. Two modes:
 - fine-tuned (default, offline): K cross-encoders from the `model` weights (sentence-transformers'
   CrossEncoder, a fresh 1-logit head). Fold k trains on the other K-1 folds of train and scores fold k
-  (out-of-fold); validation and test are scored by the mean of the K fold models. The recipe: both pair
+  (out-of-fold); validation, test and any other split given (the silver pairs of distillation,
+  `embed_lib.training.silver`) are scored by the mean of the K fold models. The recipe: both pair
   orders in training and averaged at scoring (a cross-encoder is not symmetric by construction),
   length-bucketed batches (less padding), AdamW without weight decay on biases and norms, linear warmup
   then linear decay, gradient clipping, and early stopping on a slice held out of the fold's own
@@ -40,6 +41,7 @@ from embed_lib.teacher import recipe, workers
 from embed_lib.teacher.config import LATER_FIELDS, PRESETS, TeacherConfig, preset_of
 from embed_lib.teacher.intermediate import stage_key, warm_start
 from embed_lib.training.signals import rank_normalise
+from embed_lib.training.silver import SILVER
 
 log = logging.getLogger(__name__)
 
@@ -63,7 +65,8 @@ def teacher_key(cfg: TeacherConfig, splits: Mapping[str, PairData]) -> str:
         if config[name] == default:
             del config[name]
     if cfg.intermediate:
-        config["intermediate_key"] = stage_key(cfg, splits)
+        own = {k: v for k, v in splits.items() if k in ("train", "validation", "test")}  # not the silver pairs
+        config["intermediate_key"] = stage_key(cfg, own)
     blob = json.dumps({"teacher": config, "version": 2,
                        "data": {k: v.fingerprint for k, v in sorted(splits.items())}}, sort_keys=True)
     return hashlib.sha256(blob.encode()).hexdigest()[:20]
@@ -110,6 +113,9 @@ def _fold(splits: Mapping[str, PairData], cfg: TeacherConfig, device: str, start
     t_pred = time.perf_counter()
     v, t = recipe.predict(ce, _pairs(val), cfg), recipe.predict(ce, _pairs(test), cfg)
     predict_seconds = time.perf_counter() - t_pred
+    # any other split (the silver pairs of distillation) is scored like validation: by every fold model, averaged
+    extra = {name: recipe.predict(ce, _pairs(d), cfg) for name, d in splits.items()
+             if name not in ("train", "validation", "test")}
     rec = {"fold": k, "fit_pairs": n_fit, "early_stopping_pairs": n_es, "held_out": len(held),
            "epochs_run": len(curve), "best_epoch": (max(curve, key=lambda c: c["early_stopping_spearman"])["epoch"]
                                                     if n_es else len(curve)),
@@ -117,7 +123,8 @@ def _fold(splits: Mapping[str, PairData], cfg: TeacherConfig, device: str, start
            "val_spearman": recipe.spearman_or_nan(v, val.label), "seconds": round(time.perf_counter() - t0, 1)}
     say(f"held-out Spearman {rec['held_out_spearman']:.4f}, validation {rec['val_spearman']:.4f}, "
         f"{rec['seconds']:.0f}s")
-    return {"held": held, "oof": oof, "validation": v, "test": t, "predict_seconds": predict_seconds, "record": rec}
+    return {"held": held, "oof": oof, "validation": v, "test": t, **extra, "predict_seconds": predict_seconds,
+            "record": rec}
 
 
 def _cross_fit(splits: Mapping[str, PairData], cfg: TeacherConfig, device: str, start: str | None,
@@ -139,7 +146,7 @@ def _cross_fit(splits: Mapping[str, PairData], cfg: TeacherConfig, device: str, 
     record["predict_pairs_per_s"] = round((len(val) + len(test)) / max(sum(f["predict_seconds"] for f in folds),
                                                                        1e-9), 1)
     mean = lambda split: (np.sum([f[split] for f in folds], axis=0, dtype=np.float64) / cfg.folds)  # noqa: E731
-    return {"train": oof, "validation": mean("validation").astype(np.float32), "test": mean("test").astype(np.float32)}
+    return {"train": oof, **{name: mean(name).astype(np.float32) for name in splits if name != "train"}}
 
 
 def teacher_scores(splits: Mapping[str, PairData], cfg: TeacherConfig | None = None,
@@ -208,11 +215,14 @@ def _train(splits: Mapping[str, PairData], cfg: TeacherConfig, root: Path, key: 
         ce = recipe.load(cfg, device)
         scores = {name: recipe.predict(ce, _pairs(d), cfg) for name, d in splits.items()}
     else:
-        start, record["intermediate"] = warm_start(cfg, splits, root, device, progress)
+        # the stage leaves out the task's own pairs; silver pairs are train sentences recombined, and keep its key
+        own = {k: splits[k] for k in ("train", "validation", "test")}
+        start, record["intermediate"] = warm_start(cfg, own, root, device, progress)
         scores = _cross_fit(splits, cfg, device, start, record, progress, fold_workers)
     _refuse_non_finite(scores, cfg)
     for name, d in splits.items():
-        record[f"{name}_spearman"] = recipe.spearman_or_nan(scores[name], d.label)
+        if name != SILVER:  # silver pairs have no labels to check the teacher against
+            record[f"{name}_spearman"] = recipe.spearman_or_nan(scores[name], d.label)
     record["seconds"] = round(time.perf_counter() - t0, 1)
     trained = sum(c["pairs_per_s"] * c["seconds"] for f in record["folds"] for c in f["curve"])
     train_s = sum(c["seconds"] for f in record["folds"] for c in f["curve"])

@@ -68,6 +68,8 @@ class _Fit:
     pair_t: torch.Tensor | None  # (S, n) difficulty target of each train pair (permuted per seed: shuffled control)
     sent_t: torch.Tensor | None  # (m,) per-sentence difficulty target
     gens: list[torch.Generator]  # one per seed: batch order and the shuffled control's permutation
+    teach: torch.Tensor | None = None  # (S, n) the teacher's score of each train pair (permuted per seed: shuffled)
+    silver: tuple[torch.Tensor, torch.Tensor, torch.Tensor] | None = None  # silver rows a, b (n_s,), teacher (S, n_s)
 
 
 def _build(cfg: AdapterConfig, data: StudyData, dev: torch.device) -> _Fit:
@@ -95,18 +97,55 @@ def _build(cfg: AdapterConfig, data: StudyData, dev: torch.device) -> _Fit:
             # the shuffled-target control: same gate, targets permuted over the train pairs per seed
             pair_t = torch.stack([pair_t[k, torch.randperm(n, generator=g)] for k, g in enumerate(gens)])
         pair_t = pair_t.to(dev)
-    return _Fit(model, opt, center, fam, served_fam, pair_t, sent_t, gens)
+    teach = silver = None
+    if cfg.distilled:
+        # the teacher's scores as CoSENT reads them (their order); the shuffled control permutes them per seed with
+        # a generator of its own, so that the batches are those of the unshuffled arm
+        shuffle = [torch.Generator().manual_seed(20_000 + s) for s in cfg.seeds] if cfg.distil_control == "shuffled" \
+            else None
+        teach = _teacher_rows(torch.from_numpy(tr.teacher).float(), S, shuffle).to(dev)
+        n_silver = silver_count(cfg, data)
+        if n_silver:
+            sv = data.silver
+            silver = (sv.ia[:n_silver].to(dev), sv.ib[:n_silver].to(dev),
+                      _teacher_rows(torch.from_numpy(sv.teacher[:n_silver]).float(), S, shuffle).to(dev))
+    return _Fit(model, opt, center, fam, served_fam, pair_t, sent_t, gens, teach, silver)
+
+
+def _teacher_rows(t: torch.Tensor, S: int, shuffle: list[torch.Generator] | None) -> torch.Tensor:
+    """(n,) teacher scores -> (S, n), permuted per seed with `shuffle`'s generators (the shuffled-teacher control)."""
+    if shuffle is None:
+        return t.expand(S, -1).clone()
+    return torch.stack([t[torch.randperm(len(t), generator=g)] for g in shuffle])
+
+
+def silver_count(cfg: AdapterConfig, data: StudyData) -> int:
+    """The silver pairs `cfg` trains on: the first round(silver_fraction * n) of the study's n (0 without distillation
+    or without silver pairs asked for); a ValueError when it asks for some and the study has none."""
+    if not cfg.distilled or cfg.silver_fraction == 0:
+        return 0
+    if data.silver is None or len(data.silver.ia) == 0:
+        raise ValueError(f"AdapterConfig.silver_fraction={cfg.silver_fraction}: this study has no silver pairs; load "
+                         "it with some (load_study(silver=N), --silver-pairs N) or set silver_fraction=0.")
+    return max(1, int(round(cfg.silver_fraction * len(data.silver.ia))))
 
 
 def _loss(cfg: AdapterConfig, fit: _Fit, out, y: torch.Tensor, idx: torch.Tensor, ia: torch.Tensor,
-          ib: torch.Tensor) -> torch.Tensor:
-    """(S,) the objective of each seed on one batch: ranking loss plus the configured auxiliary terms."""
+          ib: torch.Tensor, silver: tuple[torch.Tensor, torch.Tensor] | None = None) -> torch.Tensor:
+    """(S,) the objective of each seed on one batch: ranking loss plus the configured auxiliary terms.
+    silver: (scores (S, Bs), teacher scores (S, Bs)) of the batch's silver pairs, when it has some."""
     if cfg.loss == "cosent":
         loss = losses.cosent(out.score, y, cfg.tau)
     elif cfg.loss == "logistic":
         loss = losses.logistic(out.score, y, cfg.tau, fit.center)
     else:
         loss = losses.mse(out.score, y)
+    if cfg.distilled:
+        # the teacher's ranking of the labelled and the silver pairs together: one CoSENT over the whole batch
+        s, t = out.score, torch.gather(fit.teach, 1, idx)
+        if silver is not None:
+            s, t = torch.cat([s, silver[0]], dim=1), torch.cat([t, silver[1]], dim=1)
+        loss = (1 - cfg.lambda_distil) * loss + cfg.lambda_distil * losses.cosent(s, t, cfg.tau)
     if cfg.lambda_c > 0 and cfg.supervised:
         if cfg.adapter == "pair_gated":
             loss = loss + cfg.lambda_c * losses.mse(out.gate, torch.gather(fit.pair_t, 1, idx))
@@ -136,11 +175,21 @@ def _train_epochs(cfg: AdapterConfig, data: StudyData, fit: _Fit,
     steps = max(1, n // cfg.batch_size)  # drop the ragged last batch: CoSENT needs several pairs
     for epoch in range(1, cfg.epochs + 1 if fit.opt is not None else 1):
         order = torch.stack([torch.randperm(n, generator=g) for g in fit.gens]).to(dev)  # (S, n) each its own order
+        if fit.silver is not None:  # the silver pairs in each seed's own order, a batch of them beside every batch
+            n_s = len(fit.silver[0])
+            s_order = torch.stack([torch.randperm(n_s, generator=g) for g in fit.gens]).to(dev)  # (S, n_s)
         for step in range(steps):
             idx = order[:, step * cfg.batch_size: (step + 1) * cfg.batch_size]  # (S, B)
             ia, ib = tr.ia[idx], tr.ib[idx]
             out = model(X[ia], X[ib], **({} if fit.fam is None else dict(fam_a=fit.fam[ia], fam_b=fit.fam[ib])))
-            loss = _loss(cfg, fit, out, tr.y[idx], idx, ia, ib)
+            silver = None
+            if fit.silver is not None:
+                pos = (torch.arange(cfg.batch_size, device=dev) + step * cfg.batch_size) % n_s
+                sidx = s_order[:, pos]  # (S, Bs); a silver set smaller than an epoch's batches cycles
+                sa, sb = fit.silver[0][sidx], fit.silver[1][sidx]
+                s_out = model(X[sa], X[sb], **({} if fit.fam is None else dict(fam_a=fit.fam[sa], fam_b=fit.fam[sb])))
+                silver = (s_out.score, torch.gather(fit.silver[2], 1, sidx))
+            loss = _loss(cfg, fit, out, tr.y[idx], idx, ia, ib, silver)
             fit.opt.zero_grad(set_to_none=True)
             loss.sum().backward()  # a sum keeps each seed's gradient its own
             fit.opt.step()
@@ -221,6 +270,10 @@ def train_seed_group(cfg: AdapterConfig, data: StudyData,
     if not isinstance(cfg, AdapterConfig) or not isinstance(data, StudyData):
         raise TypeError(f"train_seed_group(cfg, data) takes an AdapterConfig (AdapterConfig.from_dict for a dict) and "
                         f"a StudyData (load_study); got {type(cfg).__name__} and {type(data).__name__}.")
+    if cfg.distilled and data.splits["train"].teacher is None:
+        raise ValueError(f"AdapterConfig.lambda_distil={cfg.lambda_distil}: this study has no teacher scores to "
+                         "distil; load it with a teacher (load_study(teacher=...); the commands' --teacher) or set "
+                         "lambda_distil=0.")
     if cfg.target not in ("none", *data.targets):
         fix = "load the study with a teacher" if cfg.supervised else f"{cfg.adapter} learns none: set target='none'"
         raise ValueError(f"Difficulty target {cfg.target!r} is not available for this study; available: "

@@ -18,6 +18,7 @@ from embed_lib.training.adapters import NoveltyGate
 from embed_lib.training.metrics import cosine
 from embed_lib.training.retrieval import RETRIEVAL_TRANSFER, retrieval_check
 from embed_lib.training.signals import ce_margin, lexical_hard, per_sentence_mean, surface_complexity
+from embed_lib.training.silver import SILVER
 
 #: a split named "transfer:<task>" is another task's pairs, never trained on (do-no-harm checks)
 TRANSFER_PREFIX = "transfer:"
@@ -35,6 +36,7 @@ class SplitTensors:
     y: torch.Tensor  # (n,) float32 in [0, 1]
     s0: np.ndarray  # (n,) frozen cosine
     pair_target: dict[str, np.ndarray] = field(default_factory=dict)  # target name -> (n,)
+    teacher: np.ndarray | None = None  # (n,) the teacher's held-out score of each pair (distillation), if scored
 
 
 @dataclass
@@ -51,6 +53,9 @@ class StudyData:
     #: split name -> fingerprint of its pairs and labels (PairData.fingerprint): what a registered version was
     #: validated on, so that the registry compares like with like
     fingerprints: dict[str, str] = field(default_factory=dict)
+    #: the silver pairs (`embed_lib.training.silver`): train sentences recombined, no labels (y is 0), each with the
+    #: teacher's score; None where the study was loaded without them
+    silver: SplitTensors | None = None
 
     @property
     def targets(self) -> list[str]:
@@ -109,11 +114,13 @@ class StudyData:
         """The same study with its tensors on `dev` (itself when already there)."""
         if self.X.device == dev:
             return self
-        splits = {k: SplitTensors(s.ia.to(dev), s.ib.to(dev), s.y.to(dev), s.s0, s.pair_target)
-                  for k, s in self.splits.items()}
+        moved = lambda s: SplitTensors(s.ia.to(dev), s.ib.to(dev), s.y.to(dev), s.s0, s.pair_target,  # noqa: E731
+                                       s.teacher)
+        splits = {k: moved(s) for k, s in self.splits.items()}
         fam = self._familiarity.to(dev) if self._familiarity is not None else None
         return StudyData(self.task, self.binary, self.X.to(dev), splits, self.sentence_target, self.manifest,
-                         self.split_notes, fam, self._retrieval, dict(self.fingerprints))
+                         self.split_notes, fam, self._retrieval, dict(self.fingerprints),
+                         None if self.silver is None else moved(self.silver))
 
 
 def novelty_reference_rows(data: StudyData) -> torch.Tensor:
@@ -138,7 +145,8 @@ def prepare_study(emb: EmbeddedTask, teacher_scores: Mapping[str, np.ndarray] | 
                   surface_weights: Mapping[str, float] | None = None) -> StudyData:
     """Tensors and every available difficulty target (surface, lexical; ce_margin with teacher scores).
 
-    Per-sentence aggregates of pair targets use train pairs only; other sentences get the train mean.
+    Per-sentence aggregates of pair targets use train pairs only; other sentences get the train mean. A split named
+    "silver" (`embed_lib.training.silver`, unlabelled) becomes `StudyData.silver`, with the teacher's scores.
     """
     if not isinstance(emb, EmbeddedTask):
         raise TypeError(f"prepare_study(emb) takes an EmbeddedTask (embed_task; load_study does every step); got "
@@ -147,23 +155,35 @@ def prepare_study(emb: EmbeddedTask, teacher_scores: Mapping[str, np.ndarray] | 
     m = len(emb.texts)
     surface = surface_complexity(emb.texts, surface_weights)
     splits: dict[str, SplitTensors] = {}
+    silver = None
     for name, s in emb.splits.items():
         s0 = cosine(emb.vectors[s.ia], emb.vectors[s.ib])
+        teacher = None if teacher_scores is None or teacher_scores.get(name) is None else \
+            np.asarray(teacher_scores[name])
+        if name == SILVER:
+            if teacher is None:
+                raise ValueError("prepare_study: silver pairs without the teacher's scores; they carry no label, so a "
+                                 "teacher must score them (load_study with a teacher, or leave the silver pairs out).")
+            silver = SplitTensors(torch.from_numpy(s.ia), torch.from_numpy(s.ib), torch.zeros(len(s.ia)), s0,
+                                  {"ce_margin": ce_margin(teacher, s0)}, teacher.astype(np.float32))
+            continue
         t = {"surface": (surface[s.ia] + surface[s.ib]) / 2,
              "lexical": lexical_hard(s.data.sentence1, s.data.sentence2, s.data.label)}
-        if teacher_scores is not None and name in teacher_scores:
+        if teacher is not None:
             if len(teacher_scores[name]) != len(s.ia):
                 raise ValueError(f"teacher scores for split {name!r} have {len(teacher_scores[name])} rows; "
                                  f"the split has {len(s.ia)} pairs. Rebuild the teacher cache for this task.")
             t["ce_margin"] = ce_margin(np.asarray(teacher_scores[name]), s0)
         splits[name] = SplitTensors(torch.from_numpy(s.ia), torch.from_numpy(s.ib),
-                                    torch.from_numpy(s.data.label.astype(np.float32)), s0, t)
+                                    torch.from_numpy(s.data.label.astype(np.float32)), s0, t,
+                                    None if teacher is None else teacher.astype(np.float32))
     tr = emb.splits["train"]
     sentence_target = {"surface": surface}
     for name in ("lexical", "ce_margin"):
         if name in splits["train"].pair_target:
             sentence_target[name] = per_sentence_mean(tr.ia, tr.ib, splits["train"].pair_target[name], m)
     first = next(iter(emb.splits.values())).data
+    kept = {k: v for k, v in emb.splits.items() if k != SILVER}
     return StudyData(emb.task, first.binary, X, splits, sentence_target, dict(emb.manifest),
-                     {k: v.data.split_note for k, v in emb.splits.items()},
-                     fingerprints={k: v.data.fingerprint for k, v in emb.splits.items()})
+                     {k: v.data.split_note for k, v in kept.items()},
+                     fingerprints={k: v.data.fingerprint for k, v in kept.items()}, silver=silver)
