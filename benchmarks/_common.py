@@ -3,7 +3,6 @@ from __future__ import annotations
 
 import json
 import os
-import platform
 import time
 from pathlib import Path
 from typing import Any
@@ -12,40 +11,14 @@ REPO = Path(__file__).resolve().parents[1]
 os.environ.setdefault("HF_HUB_OFFLINE", "1")
 os.environ.setdefault("EMBED_DATA_DIR", str(REPO.parent / "shared" / "data"))
 
-
-def cpu_model() -> str:
-    """The CPU's model name (/proc/cpuinfo), or the platform's processor string elsewhere."""
-    try:
-        for line in Path("/proc/cpuinfo").read_text().splitlines():
-            if line.startswith("model name"):
-                return line.split(":", 1)[1].strip()
-    except OSError:
-        pass
-    return platform.processor() or "unknown"
-
-
-#: the instruction sets a CPU figure depends on: the teacher trains in bf16 only where the CPU has it natively
-#: (avx512_bf16 or amx_bf16; embed_lib.teacher.recipe.effective_precision), else in fp32 at 1.5-2.4x the time
-ISA_FLAGS = ("avx2", "avx512f", "avx512_vnni", "avx512_bf16", "amx_bf16")
-
-
-def cpu_flags() -> list[str]:
-    """Which of ISA_FLAGS this CPU has (/proc/cpuinfo), [] where that cannot be read."""
-    try:
-        text = Path("/proc/cpuinfo").read_text()
-    except OSError:
-        return []
-    flags = next((line.split(":", 1)[1].split() for line in text.splitlines() if line.startswith("flags")), [])
-    return [f for f in ISA_FLAGS if f in flags]
+# after the environment above: what embed_lib imports reads it
+from embed_lib.report.files import ISA_FLAGS, cpu_flags, cpu_model, machine  # noqa: E402, F401 (benchmarks' names)
 
 
 def write_results(name: str, figures: dict) -> Path:
     out = REPO / "results" / "benchmarks" / f"{name}.json"
     out.parent.mkdir(parents=True, exist_ok=True)
-    record = {"benchmark": name, "when": time.strftime("%Y-%m-%dT%H:%M:%S"), "machine":
-              {"cpus": os.cpu_count(), "cpu_model": cpu_model(), "cpu_flags": cpu_flags(),
-               "platform": platform.platform(), "python": platform.python_version()},
-              **figures}
+    record = {"benchmark": name, "when": time.strftime("%Y-%m-%dT%H:%M:%S"), "machine": machine(), **figures}
     out.write_text(json.dumps(record, indent=2))
     print(json.dumps(figures, indent=2))
     print(f"wrote {out}")

@@ -127,7 +127,8 @@ def test_the_gate_trains_on_its_target_alone_unless_asked_everywhere_a_config_is
     # the ungated form has no gate: the space fixes the flag instead of searching it
     ungated = optuna.trial.FixedTrial({"adapter": "pair_ungated", "gamma": 0.5, "tau": 0.05, "learn_p": False,
                                        "lambda_mod": 0.0, "lambda_delta": 0.0, "novelty_quantile": 0.0,
-                                       "lr": 1e-3, "weight_decay": 0.01, "width": 128, "epochs": 4})
+                                       "lambda_distil": 0.0, "lr": 1e-3, "weight_decay": 0.01, "width": 128,
+                                       "epochs": 4})
     assert space(ungated)["gate_task_grad"] is False
 
 
@@ -139,20 +140,29 @@ def test_every_start_point_is_a_whole_proposal_of_the_space_and_unavailable_ones
     from sweeps.pair_residual import START_POINTS, TASK_START_POINTS, space, start_points
 
     every = START_POINTS + [p for points in TASK_START_POINTS.values() for p in points]
-    assert len({tuple(sorted(p.items())) for p in every}) == len(every) == 3
+    assert len({tuple(sorted(p.items())) for p in every}) == len(every) == 5
     for point in every:
         trial = optuna.trial.FixedTrial(point)
         space(trial)
         assert sorted(trial.distributions) == sorted(point)
         assert all(d._contains(d.to_internal_repr(point[k])) for k, d in trial.distributions.items())
-    # every task starts from the two; QQP also from the gated start with the stronger novelty gate
+    # every task starts from the four; QQP also from the gated start with the stronger novelty gate
     assert start_points() == start_points(task="stsb") == start_points(task="mrpc") == START_POINTS
     assert start_points(task="my_pairs") == START_POINTS
     qqp = start_points(task="qqp")
-    assert qqp[:2] == START_POINTS and len(qqp) == 3
-    assert qqp[2] == {**START_POINTS[1], "novelty_quantile": 0.3} and START_POINTS[1]["novelty_quantile"] == 0.2
-    # without the teacher's margin among the targets only the ungated start is evaluated; fixed keys are left out
+    assert qqp[:4] == START_POINTS and len(qqp) == 5
+    assert qqp[4] == {**START_POINTS[1], "novelty_quantile": 0.3} and START_POINTS[1]["novelty_quantile"] == 0.2
+    # without the teacher's margin among the targets only the ungated start is evaluated, undistilled (no teacher to
+    # distil); fixed keys are left out
     assert start_points(("lexical",), task="qqp") == [START_POINTS[0]]
+    # no silver pairs (--no-silver): the distilled start on them is left out, the other distils the labelled pairs
+    no_silver = start_points(fixed=("silver_fraction",))
+    assert len(no_silver) == 3 and all("silver_fraction" not in p for p in no_silver)
+    assert [p for p in no_silver if p.get("lambda_distil")] == [
+        {k: v for k, v in START_POINTS[2].items() if k != "silver_fraction"}]
+    # no teacher: the sweep holds lambda_distil at 0, and no distilled start is evaluated
+    assert start_points(("lexical",), fixed=("lambda_distil", "silver_fraction")) == [
+        {k: v for k, v in START_POINTS[0].items() if k != "lambda_distil"}]
     assert all("epochs" not in p and len(p) == len(q) - 1 for p, q in zip(start_points(fixed=("epochs",)),
                                                                             START_POINTS))
 
@@ -178,8 +188,8 @@ def test_the_sweeps_searcher_starts_from_the_points_of_its_task(tmp_path, monkey
                                    start_points)
         return made._local_tuner._tune_config.search_alg._points_to_evaluate
 
-    assert points("stsb") == start_points() and len(points("stsb")) == 2
-    assert points("qqp") == start_points(task="qqp") and len(points("qqp")) == 3
+    assert points("stsb") == start_points() and len(points("stsb")) == 4
+    assert points("qqp") == start_points(task="qqp") and len(points("qqp")) == 5
     assert not points("qqp", no_start_points=True)
 
 

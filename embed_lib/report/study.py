@@ -111,7 +111,15 @@ ISOLATION_PAIRS = [("pair gated (ce_margin)", "pair gated (ce_margin), shuffled 
                    ("pair gated (lexical)", "pair gated, constant gate"),
                    ("per-sentence (surface)", "per-sentence (surface), shuffled c"),
                    ("per-sentence (surface)", "per-sentence (surface), constant c"),
-                   ("per-sentence (surface)", "per-sentence (surface), h-only")]
+                   ("per-sentence (surface)", "per-sentence (surface), h-only"),
+                   # distillation: what the teacher's scores add, what the silver pairs add, and the shuffled teacher
+                   ("pair ungated, distilled (labelled + silver)", "pair ungated"),
+                   ("pair ungated, distilled (labelled + silver)", "pair ungated, distilled (labelled pairs)"),
+                   ("pair ungated, distilled (labelled + silver)",
+                    "pair ungated, distilled (labelled + silver), shuffled teacher"),
+                   ("pair gated (ce_margin), distilled (labelled + silver)", "pair gated (ce_margin)"),
+                   ("pair gated (ce_margin), distilled (labelled + silver)",
+                    "pair gated (ce_margin), distilled (labelled + silver), shuffled teacher")]
 
 
 def reference_rows(data: StudyData, teacher: dict[str, Any] | None, results: list[tuple[str, GroupResult]]
@@ -200,6 +208,8 @@ def study_json(data: StudyData, results: list[tuple[str, GroupResult]], teacher:
             "predict_pairs_per_s": teacher.get("predict_pairs_per_s"),
             "recipe": {"preset": teacher.get("preset"), **teacher["config"]}}
         out["reference"] = reference_rows(data, teacher, results)
+        if "silver" in teacher:
+            out["silver"] = teacher["silver"]
     for label, r in results:
         s = r.summary
         out["arms"][label] = {
