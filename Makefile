@@ -41,7 +41,7 @@ $(STAMP): pyproject.toml constraints.txt
 	$(call install_torch,$(BIN)/pip)
 	# the versions the project is tested with (constraints.txt), not whatever was released since, installed by uv
 	# (parallel downloads and bytecode compilation: make venv 92 s instead of pip's 162 s, medians on fresh clones of
-	# a 2-core machine, benchmarks/venv_install.py); it keeps the torch above, which the constraints pin.
+	# a 2-core machine); it keeps the torch above, which the constraints pin.
 	# INSTALLER=pip installs them with pip instead.
 	$(INSTALL_DEPS) -c constraints.txt -e '.[dev]'
 	touch $(STAMP)

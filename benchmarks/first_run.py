@@ -13,7 +13,7 @@ figures.
 `--isa-cap avx2` runs the clone as on a CPU with AVX2 alone, on a CPU with more: torch's kernels, oneDNN and MKL are
 capped at AVX2 (ISA_CAPS), so the teacher trains in fp32 (`recipe.isa_capped_below_bf16`) and every matrix product
 runs AVX2 code. `--isa-cap avx512_bf16` caps oneDNN below AMX: the teacher's bf16 matrix products run as on a CPU
-with AVX512-BF16 and no AMX. The arithmetic is that host's; the core's clock, caches and memory stay this host's, so
+with AVX512-BF16 and no AMX. The arithmetic is that host's; the core's clock, caches and memory stay the measuring machine's, so
 its seconds are not another host's. Each run records the cap (`isa_cap`).
 """
 from __future__ import annotations
@@ -91,6 +91,8 @@ def _store_figures(clone: Path) -> dict:
             "winner_val": m.get("delta_val_mean"), "winner_test": m.get("delta_test_mean"),
             "positive_seeds": {"val": m.get("delta_val_positive"), "test": m.get("delta_test_positive"), "of": seeds},
             "transfer_min": min(transfer.values()) if transfer else None, "transfer_min_by_task": transfer,
+            "winner_config": {k: winner.data.params.get(k) for k in ("adapter", "target", "gamma", "lambda_distil",
+                                                                      "silver_fraction", "novelty_quantile")},
             "registered": {"version": parent.data.tags.get("winner_version"),
                            "alias": parent.data.tags.get("winner_alias")}}
 

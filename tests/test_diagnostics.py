@@ -31,28 +31,6 @@ def test_length_collapse_buckets_and_tau_columns():
     assert rows[0]["n_sentences"] == 3 and rows[0]["tau_attn=1.0"] == pytest.approx(0.99, abs=0.02)
 
 
-def test_error_floor_null_matches_its_spearman_and_sits_below_shared_errors():
-    """benchmarks/error_floor.py: the simulated scorers have the Spearman asked for, and two scorers that share
-    half their noise have a far higher rank-error correlation than the independent-errors null."""
-    import numpy as np
-
-    from benchmarks.error_floor import _noise_for, independent_null
-    from embed_lib.training.metrics import spearman
-    from embed_lib.training.signals import rank_normalise
-    from embed_lib.teacher.scores import error_correlation
-
-    rng = np.random.default_rng(0)
-    y = rng.uniform(0, 5, 2000)
-    ry = rank_normalise(y).astype(np.float64)
-    sigma = _noise_for(0.82, ry, np.random.default_rng(1))
-    assert abs(spearman(ry + sigma * np.random.default_rng(1).standard_normal(len(ry)), y) - 0.82) < 0.005
-    shared = rng.standard_normal(len(y)) * sigma * 0.7
-    a = ry + shared + rng.standard_normal(len(y)) * sigma * 0.7
-    b = ry + shared + rng.standard_normal(len(y)) * sigma * 0.7
-    null = independent_null(spearman(a, y), spearman(b, y), y, draws=5)
-    assert 0.0 < null < 0.2 < 0.4 < error_correlation(a, b, y)
-
-
 def test_a_first_run_clone_gets_a_newcomers_environment():
     """`make first-run` exports this clone's caches, store and make's own variables: the fresh clone must not see
     them (it would read this clone's embeddings and write to its MLflow store), and keeps the rest (data, offline)."""
@@ -70,31 +48,6 @@ def test_a_first_run_clone_gets_a_newcomers_environment():
     below_amx = newcomer_env(mine, isa_cap="avx512_bf16")
     assert below_amx["ONEDNN_MAX_CPU_ISA"] == "AVX512_CORE_BF16" and not isa_capped_below_bf16(below_amx)
     assert isa_capped_below_bf16(capped)
-
-
-def test_the_first_run_projection_scales_the_teacher_by_each_hosts_stage():
-    """An AVX2 host's estimate: the capped runs' mean teacher times the host's stage over their mean stage, plus the
-    rest of the host's own run; the host's folds (an older recipe's) do not enter."""
-    import pytest
-    from benchmarks.first_run_projection import project
-    capped = [{"isa_cap": "avx2", "commit": "c", "wall_s_by_stage": {"teacher_stage": 100, "teacher_folds": 50}},
-              {"isa_cap": "avx2", "commit": "c", "wall_s_by_stage": {"teacher_stage": 120, "teacher_folds": 70}}]
-    host = lambda stage: {"commit": "h", "wall_s": 1e4, "wall_s_by_stage": {  # noqa: E731
-        "venv": 10, "encoding": 20, "teacher_stage": stage, "teacher_folds": 999}}
-    out = project(capped, [("a", 0, host(220)), ("a", 1, host(330))], wall_max=400)
-    assert out["capped_stage_s"] == 110 and out["capped_teacher_s"] == 170
-    assert [h["stage_over_capped"] for h in out["hosts"]] == [2.0, 3.0]
-    assert [h["estimate_wall_s"] for h in out["hosts"]] == [30 + 170 * 2, 30 + 170 * 3]
-    assert [h["within_target"] for h in out["hosts"]] == [True, False] and out["within_target"] == 1
-    with pytest.raises(SystemExit, match="isa-cap"):  # runs measured without a cap are no such measurement
-        project([{**capped[0], "isa_cap": None}], [("a", 0, host(220))], wall_max=400)
-    # today's stage does less arithmetic than the hosts' did: their speed is read against a reference run of the
-    # hosts' recipe on the same core (stage 220), today's teacher (170) scaled by it
-    reference = [{"isa_cap": "avx2", "commit": "r", "wall_s_by_stage": {"teacher_stage": 220, "teacher_folds": 90}}]
-    out = project(capped, [("a", 0, host(220)), ("a", 1, host(330))], wall_max=400, reference=reference)
-    assert [h["stage_over_capped"] for h in out["hosts"]] == [1.0, 1.5]
-    assert [h["estimate_wall_s"] for h in out["hosts"]] == [30 + 170, 30 + 170 * 1.5]
-    assert (out["capped_stage_s"], out["speed_from_stage_s"], out["speed_from_commits"]) == (110, 220, ["r"])
 
 
 def test_replica_cpu_counts_only_the_named_replicas_processes():

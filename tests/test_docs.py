@@ -155,3 +155,55 @@ def test_a_block_without_a_mark_fails_the_check(tmp_path):
     assert not (i and MARK.match(lines[i - 1]))
     assert MARK.match("<!-- docs: skip needs a GPU -->").group("reason") == "needs a GPU"
     assert MARK.match("<!-- docs: run with-champion -->") and not MARK.match("<!-- docs: maybe -->")
+
+
+#: what a results page, a guide or a comment must not lean on: a session's number, a file named by one, a commit id
+#: (history lives in git), or a vague "this" machine (a figure names the machine it was measured on)
+NOTEBOOK = {"a session number": re.compile(r"session [0-9]", re.I),
+            "a file named by session": re.compile(r"_s[0-9][0-9]\."),
+            "a commit id": re.compile(r"\b(?=[0-9a-f]*[a-f])(?=[0-9a-f]*[0-9])[0-9a-f]{7,40}\b"),
+            "'this host'": re.compile(r"this host", re.I)}
+
+
+def _prose_of_python(path: Path) -> str:
+    """The comments and docstrings of a Python file (its string literals may hold any hex a test needs)."""
+    import io
+    import tokenize
+
+    out, prev = [], None
+    for tok in tokenize.generate_tokens(io.StringIO(path.read_text()).readline):
+        if tok.type == tokenize.COMMENT or (tok.type == tokenize.STRING and tok.string.lstrip("rbuRBU").startswith(
+                ('"""', "'''")) and prev in (None, tokenize.INDENT, tokenize.NEWLINE, tokenize.NL, tokenize.DEDENT)):
+            out.append(tok.string)
+        if tok.type not in (tokenize.COMMENT, tokenize.NL):
+            prev = tok.type
+    return "\n".join(out)
+
+
+def notebook_texts() -> dict[str, str]:
+    """Every place the check reads: the guides, the results page, the names of the results files, the Makefile, and
+    the comments and docstrings of the code."""
+    texts = {p.relative_to(REPO).as_posix(): p.read_text()
+             for p in [*DOCS, RESULTS / "README.md", REPO / "serving" / "README.md", REPO / "Makefile"] if p.is_file()}
+    texts["results/ file names"] = "\n".join(p.relative_to(RESULTS).as_posix() for p in RESULTS.rglob("*"))
+    for folder in ("embed_lib", "sweeps", "serving", "cluster", "benchmarks", "tests"):
+        for path in sorted((REPO / folder).rglob("*.py")):
+            texts[path.relative_to(REPO).as_posix()] = _prose_of_python(path)
+    return texts
+
+
+def test_no_page_or_comment_reads_as_a_lab_notebook():
+    found = [f"{where}: {what} ({m.group()!r})" for where, text in notebook_texts().items()
+             for what, rx in NOTEBOOK.items() for m in [rx.search(text)] if m]
+    assert not found, "history lives in git, figures name their machine:\n" + "\n".join(found)
+
+
+def test_the_notebook_check_catches_each_pattern():
+    for sample in ("rerun in session 28", "study_s36.json", "fresh clones of 635bc3b", "on this host"):
+        assert any(rx.search(sample) for rx in NOTEBOOK.values()), sample
+    for fine in ("a limit of 24089536 bytes", "deadbeef", "sessions", "the host's"):
+        assert not any(rx.search(fine) for rx in NOTEBOOK.values()), fine
+
+
+def test_the_results_page_is_short():
+    assert len((RESULTS / "README.md").read_text().splitlines()) <= 300

@@ -76,7 +76,7 @@ def test_trial_objective_penalises_harm_beyond_the_tolerance():
     assert objective({"delta_val_mean": 0.02, "transfer_delta_min": -0.001}, 0.001) == 0.02
     assert objective({"delta_val_mean": 0.02, "transfer_delta_min": -0.004}, 0.001) == pytest.approx(
         0.02 - HARM_PENALTY * 0.003)
-    # QQP's sweep (session 36): a rule-breaker's large gain ranks below a small gain that keeps the rule
+    # QQP's sweep: a rule-breaker's large gain ranks below a small gain that keeps the rule
     assert objective({"delta_val_mean": 0.0518, "transfer_delta_min": -0.0038}, 0.001) < objective(
         {"delta_val_mean": 0.0086, "transfer_delta_min": 0.0}, 0.001)
 

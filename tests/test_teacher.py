@@ -400,7 +400,7 @@ def test_bf16_training_attends_through_the_math_kernel_which_the_model_s_dropout
     assert torch._fused_sdp_choice(q, q, q) == fused and torch._fused_sdp_choice(q, q, q, dropout_p=0.1) == math
     with recipe.training_attention("bf16", cpu):
         assert torch._fused_sdp_choice(q, q, q) == math
-    with recipe.training_attention("fp32", cpu):  # fp32's fused kernel trained as fast (benchmarks/teacher_packed.py)
+    with recipe.training_attention("fp32", cpu):  # fp32's fused kernel trained as fast (measured)
         assert torch._fused_sdp_choice(q, q, q) == fused
     # with the model's dropout, the same logits and random draws either way: the recipes' teachers are unchanged
     ce = recipe.load(TINY, "cpu", None)

@@ -124,6 +124,8 @@ def test_declared_bounds_are_checked_at_their_edges():
     from embed_lib.teacher.config import TeacherConfig
 
     checked = 0
+    # a field whose every value needs another one set with it (silver pairs only with distillation)
+    companions = {"silver_fraction": {"lambda_distil": 0.5}}
     for cls in (EncoderConfig, AdapterConfig, TeacherConfig):
         for f in dataclasses.fields(cls):
             if "bounds" not in f.metadata:
@@ -131,12 +133,15 @@ def test_declared_bounds_are_checked_at_their_edges():
             b, checked = f.metadata["bounds"], checked + 1
             step = 1 if b.integer else 1e-9 * max(1.0, abs(b.high))
             low_ok = b.low + step if b.low_open else b.low
+            with_ = companions.get(f.name, {}) if cls is AdapterConfig else {}
             for ok in (low_ok, b.high) + ((None,) if b.allow_none else ()):
-                assert getattr(cls(**{f.name: ok}), f.name) == ok
+                assert getattr(cls(**{f.name: ok, **with_}), f.name) == ok
             for bad in (b.low if b.low_open else b.low - step, b.high + step):
                 with pytest.raises(ValueError, match=rf"^{cls.__name__}\.{f.name}={bad!r}"):
-                    cls(**{f.name: bad})
-    assert checked == 3 + 15 + 15  # TeacherConfig: 15 with stage_shards, freeze_layers, dropout and stage_dropout
+                    cls(**{f.name: bad, **with_})
+    # AdapterConfig: 17 with lambda_distil and silver_fraction; TeacherConfig: 15 with stage_shards, freeze_layers,
+    # dropout and stage_dropout
+    assert checked == 3 + 17 + 15
 
 
 def test_bounds_reject_what_is_not_a_number_and_take_numpy_scalars():

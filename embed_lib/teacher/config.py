@@ -116,8 +116,8 @@ class TeacherConfig:
 #: 0.8380), its stage in two shards averaged every 16 steps (380 s instead of 435 side by side, teacher test
 #: Spearman 0.8375 instead of 0.8419: results/README.md#the-first-run), and lr 1e-4 (stage and folds) with 2 folds
 #: instead of light's 5e-5 with 3 (the teacher's work 0.77x, validation Spearman 0.876 instead of 0.867, test 0.838
-#: in bf16 and in fp32; 2 folds at 2e-4, better on validation, fell to 0.833 on test in fp32:
-#: benchmarks/teacher_recipe.py), and its stage without dropout (the stage 0.86x its time capped at AVX2, teacher
+#: in bf16 and in fp32; 2 folds at 2e-4, better on validation, fell to 0.833 on test in fp32,
+#: 7 variants trained side by side), and its stage without dropout (the stage 0.86x its time capped at AVX2, teacher
 #: test Spearman 0.8432 instead of 0.8416, the champion +0.0130 on validation instead of +0.0126: fresh clones).
 #: All start the folds from an intermediate stage on the other tasks' train pairs (see teacher_intermediate).
 PRESETS: dict[str, dict[str, Any]] = {

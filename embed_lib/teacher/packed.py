@@ -2,7 +2,7 @@
 
 A padded position costs a real one's arithmetic in every linear layer, and the teacher's training batches (sorted by
 characters, `recipe.length_batches`) hold fewer tokens than positions: a fold's and a stage shard's batches of 16 pad
-28% more positions than their pairs hold (`benchmarks/teacher_packed.py`; batches sorted by tokens instead trained a
+28% more positions than their pairs hold (measured on STS-B; batches sorted by tokens instead trained a
 weaker teacher). Here the linear layers, the layer norms and the feed-forward block run on the real tokens packed into
 one (tokens, hidden) matrix; only the attention, a few percent of the arithmetic at these lengths, runs on the padded
 (batch, heads, length, length) layout, through the model's own attention function and mask. The dropout masks are

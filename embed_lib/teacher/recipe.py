@@ -107,7 +107,7 @@ def _logits_in_batches(ce, pairs: list[list[str]], cfg: TeacherConfig) -> np.nda
     """(n,) float64 logits through sentence-transformers' predict, in batches of at most max(batch_size, 32) pairs
     sorted by tokens (`encoding.batching`, as the served cross-encoder sorts them). Its own sort is by characters, a
     loose proxy: 31% more positions padded than STS-B's validation and test pairs hold, 1.4% by tokens, and the scoring
-    0.76x its time side by side (benchmarks/teacher_buckets.py). The batches change no logit beyond rounding."""
+    0.76x its time side by side (measured side by side on STS-B). The batches change no logit beyond rounding."""
     out = np.empty(len(pairs), dtype=np.float64)
     for idx in longest_first(token_lengths(ce, pairs, cfg.max_length), max(cfg.batch_size, 32)):
         out[idx] = np.asarray(ce.predict([pairs[i] for i in idx], batch_size=len(idx), show_progress_bar=False,
@@ -196,7 +196,7 @@ def autocast(precision: str, device: torch.device) -> torch.autocast:
 def training_attention(precision: str, device: torch.device):
     """The context a training forward pass runs in: in bf16 on a CPU, torch's attention through its math kernel. Where
     no dropout draws a mask (`TeacherConfig.dropout=0.0`) torch picks its fused kernel instead, whose bf16 backward
-    made a step 1.2x the time of one with dropout (math: 0.85x; benchmarks/teacher_packed.py); with dropout it takes
+    made a step 1.2x the time of one with dropout (math: 0.85x, measured side by side); with dropout it takes
     the math kernel anyway (the same logits and random draws)."""
     from torch.nn.attention import SDPBackend, sdpa_kernel
 

@@ -19,7 +19,7 @@ shard's windows of SYNC_EVERY steps held 5.9% more characters than the mean (4.6
 STS-B). So every shard trains its batches in an order of cost ranks that they all draw alike (`cost_ranked`): at each
 step the shards train batches of the same rank by characters among their own, each shard's order as random as before,
 and the windows 0.7% apart. Side by side capped at AVX2 each shard spent 3.0-5.5 s in the averages instead of
-8.8-13.3 s, and the stage took 0.968x the time (benchmarks/stage_shards.py --compare orders).
+8.8-13.3 s, and the stage took 0.968x the time.
 """
 from __future__ import annotations
 
