@@ -167,8 +167,11 @@ def finish_sweep(results, data, fixed: dict[str, Any], space_keys: list[str], ta
     s = result.summary
     transfer = ", ".join(f"{k.split('/')[1]} {v:+.4f}" for k, v in s.items()
                          if k.startswith("transfer/") and k.endswith("/delta_min"))
+    distil = (f", lambda_distil {cfg.lambda_distil:.3g}, silver_fraction {cfg.silver_fraction:.3g}" if cfg.distilled
+              else ", not distilled")
     log_fn(f"winner {winner['trial']} ({cfg.adapter}, target {cfg.target}, gamma {cfg.gamma:.3g}, lambda_delta "
-           f"{cfg.lambda_delta:.3g}, novelty_quantile {cfg.novelty_quantile:.3g}): val delta {s['delta_val_mean']:+.4f} "
+           f"{cfg.lambda_delta:.3g}, novelty_quantile {cfg.novelty_quantile:.3g}{distil}): val delta "
+           f"{s['delta_val_mean']:+.4f} "
            f"({s['delta_val_positive']}/{cfg.n_seeds} seeds positive), test delta {s['delta_test_mean']:+.4f} "
            f"({s['delta_test_positive']}/{cfg.n_seeds}); worst seed's transfer delta per task: {transfer or 'none'}; "
            f"registered {name} version {version} as '{alias}'")

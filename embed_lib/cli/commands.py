@@ -18,7 +18,7 @@ from embed_lib.config import default_cache_dir
 from embed_lib.data.tasks import SPLITS, distinct_texts, load_splits, task_names
 from embed_lib.encoding.cache import EmbeddedTask, EmbeddingCache, manifest_mismatch
 from embed_lib.pipeline.prepare import LazyEncoder, default_transfer, embed_retrieval_set, embed_splits, load_study
-from embed_lib.report.files import write_report
+from embed_lib.report.files import machine, write_report
 from embed_lib.report.study import ARM_SETS, headroom_of, run_study, study_json, study_markdown
 from embed_lib.teacher.cross_encoder import served_teacher
 from embed_lib.tracking.cross_encoder_registry import log_cross_encoder
@@ -158,7 +158,8 @@ def cmd_study(args: argparse.Namespace) -> int:
                    "where some do (<task>-all; for QQP also the nDCG@10 delta of re-ranking its duplicates' frozen "
                    "top 20).\n\n" + text)
     out.with_suffix(".json").write_text(json.dumps({"seeds": args.seeds, "gamma_grid": args.gamma_grid,
-                                                    "command": command, "tasks": summary}, indent=2))
+                                                    "command": command, "tasks": summary, "machine": machine()},
+                                                   indent=2))
     print(f"wrote {out} and {out.with_suffix('.json')}", file=sys.stderr)
     return 0
 
