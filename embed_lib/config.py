@@ -279,7 +279,8 @@ class AdapterConfig:
             raise ValueError(f"Unknown loss {self.loss!r}. Valid losses: {list(LOSSES)}.")
         check_bounds(self)
         if self.distil_control not in DISTIL_CONTROLS:
-            raise ValueError(f"Unknown distil_control {self.distil_control!r}. Valid: {list(DISTIL_CONTROLS)}.")
+            raise ValueError(f"AdapterConfig.distil_control={self.distil_control!r} is not a distillation control; "
+                             f"valid: {list(DISTIL_CONTROLS)}.")
         if self.lambda_distil > 0 and not self.adapter.startswith("pair"):
             raise ValueError(f"AdapterConfig.lambda_distil={self.lambda_distil} applies to the pair forms; adapter "
                              f"{self.adapter!r} has no residual to learn the teacher's scores with. Set it to 0.")

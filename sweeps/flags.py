@@ -8,7 +8,7 @@ from pathlib import Path
 from typing import Any
 
 from embed_lib.cli.args import (add_custom_data_flags, add_data_flags, add_encoder_flags, add_mlflow_flags,
-                                add_teacher_flags, encoder_config, teacher_config)
+                                add_teacher_flags, encoder_config, silver_pairs, teacher_config)
 from embed_lib.cli.values import float_above, float_list, int_at_least
 from embed_lib.config import AdapterConfig
 from embed_lib.data.tasks import task_names
@@ -150,6 +150,7 @@ def check_settings(args, fixed: dict[str, Any]) -> None:
                          "GPU Ray gives it; give cpu, cuda, or leave it unset (GPUs where the cluster has them).")
     if teacher_config(args) is not None:
         check_local(args.teacher, "cross-encoder")
+    silver_pairs(args)  # --silver-pairs with --no-silver or --no-teacher is refused here
     transfer_tasks(args.transfer, args.task)
     for tau in tau_values(args.tau_attn_values):
         encoder_config(args, tau_attn=tau)

@@ -122,7 +122,7 @@ def test_config_bounds_and_combinations():
         _cfg(silver_fraction=0.5)
     with pytest.raises(ValueError, match="need distillation"):
         _cfg(distil_control="shuffled")
-    with pytest.raises(ValueError, match="Unknown distil_control 'foo'"):
+    with pytest.raises(ValueError, match="distil_control='foo' is not a distillation control"):
         _cfg(lambda_distil=0.5, distil_control="foo")
     with pytest.raises(ValueError, match="applies to the pair forms"):
         AdapterConfig(adapter="per_sentence", target="surface", lambda_distil=0.5)
@@ -198,3 +198,29 @@ def test_flags(monkeypatch):
     for bad in ("0", "-5"):
         with pytest.raises(argparse.ArgumentError, match="silver-pairs.*give 1 or more"):
             p.parse_args(["--silver-pairs", bad])
+
+
+def test_bad_distillation_flags_name_the_flag():
+    from embed_lib.cli.args import adapter_config
+    from embed_lib.cli.parser import build_parser
+
+    for argv, message in ((["--lambda-distil", "1.5"], r"^--lambda-distil: AdapterConfig.lambda_distil=1.5 is out of"),
+                          (["--lambda-distil", "-0.5"], r"^--lambda-distil: .*allowed \[0.0, 1.0\]"),
+                          (["--silver-fraction", "0.5"], r"^--silver-fraction: .*need distillation"),
+                          (["--lambda-distil", "0.5", "--distil-control", "noise"],
+                           r"^--distil-control: AdapterConfig.distil_control='noise' is not")):
+        args = build_parser().parse_args(["train", "--task", "stsb", *argv])
+        with pytest.raises(ValueError, match=message):
+            adapter_config(args, "stsb")
+
+
+def test_the_sweep_refuses_silver_pairs_it_would_not_build():
+    import sweeps.pair_residual  # noqa: F401  (the entry script's checks import the stack)
+    from sweeps.flags import add_sweep_args, check_settings
+
+    p = argparse.ArgumentParser()
+    add_sweep_args(p, default_samples=4)
+    for argv, flag in ((["--silver-pairs", "10", "--no-silver"], "--no-silver"),
+                       (["--silver-pairs", "10", "--no-teacher"], "--no-teacher")):
+        with pytest.raises(ValueError, match=f"--silver-pairs 10 with {flag}"):
+            check_settings(p.parse_args(argv), {"loss": "cosent"})

@@ -207,7 +207,13 @@ def add_adapter_flags(p: argparse.ArgumentParser) -> None:
 def adapter_config(args: argparse.Namespace, task: str):
     values = {f.name: getattr(args, f.name) for f in dataclasses.fields(AdapterConfig)
               if f.name not in ("task", "n_seeds")}
-    return AdapterConfig(task=task, n_seeds=args.seeds, **values)
+    try:
+        return AdapterConfig(task=task, n_seeds=args.seeds, **values)
+    except ValueError as exc:  # the flag that set the field first: "--lambda-distil: AdapterConfig.lambda_distil=1.5 ..."
+        field = re.match(r"AdapterConfig\.(\w+)", str(exc))
+        if field is None or field.group(1) not in values:
+            raise
+        raise ValueError(f"--{field.group(1).replace('_', '-')}: {exc}") from None
 
 
 def teacher_summary(record: dict) -> str:
