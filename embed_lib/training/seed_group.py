@@ -6,6 +6,10 @@ dimension, each seed its own initialisation and batch order, drawn from its own 
 (nothing reseeds torch's global generator). It keeps each seed's best epoch on validation and evaluates
 validation, test and the transfer splits once at the selected epochs (and, for a sweep's trials, the transfer
 pairs after every epoch: `scoring.TransferWatch`). Deltas are against the frozen cosine.
+
+Distillation (`AdapterConfig.lambda_distil` > 0): every step's loss mixes the task loss on the labels with CoSENT on
+the teacher's held-out scores of the same batch, and, with `silver_fraction` > 0, of a batch of the study's silver
+pairs drawn beside it (each seed its own order of them); the shuffled-teacher control permutes those scores per seed.
 """
 from __future__ import annotations
 
