@@ -180,8 +180,8 @@ frontier: venv
 backends: venv
 	$(BIN)/python benchmarks/backends.py
 
-## the first make run of a newcomer, on two fresh clones beside this one, timed by stage (~17 min on 2 cores with
-## AMX, up to ~50 without bf16; commit first: a clone takes HEAD) -> results/benchmarks/first_run.json
+## the first make run of a newcomer, on two fresh clones beside this one, timed by stage (about 12 min a clone on 2
+## cores of an AMD EPYC with AVX512-BF16; commit first: a clone takes HEAD) -> results/benchmarks/first_run.json
 first-run: venv
 	$(BIN)/python benchmarks/first_run.py --runs 2
 

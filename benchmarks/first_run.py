@@ -1,6 +1,6 @@
 """The first `make run` of a newcomer, timed on fresh clones: venv, cluster, encoding, teacher, trials, registration.
 
-    .venv/bin/python benchmarks/first_run.py [--runs 2] [--keep] [--name first_run] [--isa-cap CAP]  (make first-run)
+    .venv/bin/python benchmarks/first_run.py [--runs 2] [--keep] [--name first_run]  (make first-run)
 
 Each run clones this repository's HEAD (commit first: local changes are not in a clone) beside it, so that the data
 mirror at ../shared/data is found as a user's clone finds it, and runs `make run` there with nothing cached: no venv
@@ -8,13 +8,8 @@ mirror at ../shared/data is found as a user's clone finds it, and runs `make run
 teacher, an empty MLflow store. Wall time in all and by stage, and the quality the run reached (the teacher's test
 Spearman, the registered winner's deltas against the frozen cosine and its worst transfer check), from the clone's
 MLflow store. Writes results/benchmarks/first_run.json (or NAME.json); the issue's targets are checked beside the
-figures.
-
-`--isa-cap avx2` runs the clone as on a CPU with AVX2 alone, on a CPU with more: torch's kernels, oneDNN and MKL are
-capped at AVX2 (ISA_CAPS), so the teacher trains in fp32 (`recipe.isa_capped_below_bf16`) and every matrix product
-runs AVX2 code. `--isa-cap avx512_bf16` caps oneDNN below AMX: the teacher's bf16 matrix products run as on a CPU
-with AVX512-BF16 and no AMX. The arithmetic is that host's; the core's clock, caches and memory stay the measuring machine's, so
-its seconds are not another host's. Each run records the cap (`isa_cap`).
+figures. Each run records the CPU it ran on (model, cores, instruction sets): a figure for a kind of CPU is measured on
+one, never projected from another. Feeds results/README.md's "The first run".
 """
 from __future__ import annotations
 
@@ -42,24 +37,16 @@ TARGETS = {"wall_s_max": 1200, "teacher_test_min": 0.835, "winner_val_min": 0.01
 NOT_A_NEWCOMERS = ("EMBED_CACHE_DIR", "EMBED_STORAGE_DIR", "EMBED_RAY_DIR", "MLFLOW_TRACKING_URI",
                    "MLFLOW_ARTIFACT_ROOT", "RAY_ADDRESS", "MAKEFLAGS", "MAKELEVEL", "MFLAGS")
 
-#: the environment that caps a process's instruction sets (torch's own kernels, oneDNN's and MKL's): "avx2" as on a
-#: CPU without AVX512 (the teacher in fp32), "avx512_bf16" as on one with AVX512-BF16 but no AMX (bf16 matrix
-#: products through AVX512-BF16 instructions instead of AMX tiles)
-ISA_CAPS = {"avx2": {"ATEN_CPU_CAPABILITY": "avx2", "ONEDNN_MAX_CPU_ISA": "AVX2", "MKL_ENABLE_INSTRUCTIONS": "AVX2"},
-            "avx512_bf16": {"ONEDNN_MAX_CPU_ISA": "AVX512_CORE_BF16"}}
+def newcomer_env(environ=None) -> dict[str, str]:
+    """The environment a fresh clone's make runs in: this one without NOT_A_NEWCOMERS."""
+    return {k: v for k, v in (os.environ if environ is None else environ).items() if k not in NOT_A_NEWCOMERS}
 
 
-def newcomer_env(environ=None, isa_cap: str | None = None) -> dict[str, str]:
-    """The environment a fresh clone's make runs in: this one without NOT_A_NEWCOMERS, with ISA_CAPS[isa_cap]."""
-    env = {k: v for k, v in (os.environ if environ is None else environ).items() if k not in NOT_A_NEWCOMERS}
-    return {**env, **ISA_CAPS.get(isa_cap or "", {})}
-
-
-def _timed(cmd: list[str], cwd: Path, log: Path, isa_cap: str | None = None) -> float:
+def _timed(cmd: list[str], cwd: Path, log: Path) -> float:
     t0 = time.time()
     with open(log, "a") as out:
         subprocess.run(cmd, cwd=cwd, stdout=out, stderr=subprocess.STDOUT, check=True,
-                       env=newcomer_env(isa_cap=isa_cap))
+                       env=newcomer_env())
     return round(time.time() - t0, 1)
 
 
@@ -97,7 +84,7 @@ def _store_figures(clone: Path) -> dict:
                            "alias": parent.data.tags.get("winner_alias")}}
 
 
-def one_run(i: int, keep: bool, isa_cap: str | None = None) -> dict:
+def one_run(i: int, keep: bool) -> dict:
     clone = REPO.parent / f"first-run-{i}"
     shutil.rmtree(clone, ignore_errors=True)
     commit = subprocess.run(["git", "rev-parse", "--short", "HEAD"], cwd=REPO, text=True, capture_output=True,
@@ -108,7 +95,7 @@ def one_run(i: int, keep: bool, isa_cap: str | None = None) -> dict:
     try:
         t0 = time.time()
         venv_s = _timed(["make", "venv"], clone, log)
-        run_s = _timed(["make", "run"], clone, log, isa_cap)
+        run_s = _timed(["make", "run"], clone, log)
         wall = round(time.time() - t0, 1)
         text = log.read_text()
         figures = _store_figures(clone)
@@ -125,7 +112,7 @@ def one_run(i: int, keep: bool, isa_cap: str | None = None) -> dict:
                 "teacher_folds": round((teacher["seconds"] or 0.0) - (teacher["stage_s"] or 0.0), 1),
                 "trials": stages.get("trials_s"),
                 "winner_and_registry": round(job - stages.get("precompute_s", 0.0) - stages.get("trials_s", 0.0), 1)}
-    return {"commit": commit, "cpu_model": cpu_model(), "cpu_flags": cpu_flags(), "isa_cap": isa_cap,
+    return {"commit": commit, "cpu_model": cpu_model(), "cpu_flags": cpu_flags(),
             "cpus": os.cpu_count(),
             "wall_s": wall, "wall_s_by_stage": by_stage,
             "teacher_test": teacher["test"], "teacher_val": teacher["val"], **figures,
@@ -149,18 +136,16 @@ def main() -> None:
     parser.add_argument("--keep", action="store_true", help="keep each clone (../first-run-N) for inspection")
     parser.add_argument("--name", default="first_run", help="results/benchmarks/NAME.json (default first_run; "
                         "another name keeps the record, e.g. for a host of another kind)")
-    parser.add_argument("--isa-cap", choices=sorted(ISA_CAPS), default=None,
-                        help="run `make run` as on a CPU with only this instruction set (see above)")
     args = parser.parse_args()
     if args.runs < 1:
         parser.error(f"--runs {args.runs}: give at least 1 fresh clone")
     runs = []
     for i in range(1, args.runs + 1):
-        runs.append(one_run(i, args.keep, args.isa_cap))
+        runs.append(one_run(i, args.keep))
         runs[-1]["met"] = met(runs[-1])
         print(json.dumps(runs[-1], indent=2), flush=True)
     write_results(args.name, {"command": "make run (fresh clone beside the mirror; venv included)",
-                              "isa_cap": args.isa_cap, "targets": TARGETS, "runs": runs,
+                              "targets": TARGETS, "runs": runs,
                               "all_met": all(all(r["met"].values()) for r in runs)})
 
 

@@ -10,7 +10,9 @@ from __future__ import annotations
 import argparse
 import re
 import subprocess
+import tempfile
 import time
+from pathlib import Path
 
 from benchmarks._common import REPO, write_results
 
@@ -27,11 +29,14 @@ def main() -> int:
     t0 = time.perf_counter()
     run = subprocess.run(["make", "test"], cwd=REPO, capture_output=True, text=True)
     wall = time.perf_counter() - t0
+    log = Path(tempfile.gettempdir()) / f"embed-{args.name}.log"  # the whole output, not kept in results/
+    log.write_text(run.stdout + run.stderr)
+    failed = [line.split(" ", 1)[1].split(" - ")[0] for line in run.stdout.splitlines() if line.startswith("FAILED ")]
     tail = [line for line in run.stdout.splitlines() if " in " in line and "passed" in line]
     counts = {kind: int(n) for n, kind in COUNTS.findall(tail[-1])} if tail else {}
     write_results(args.name, {"command": "make test", "returncode": run.returncode, "wall_s": round(wall, 1),
                               "counts": counts, "target_s": TARGET_S, "within_target": wall <= TARGET_S,
-                              "closing_line": tail[-1] if tail else None})
+                              "closing_line": tail[-1] if tail else None, "failed": failed, "log": str(log)})
     return run.returncode
 
 

@@ -40,14 +40,6 @@ def test_a_first_run_clone_gets_a_newcomers_environment():
             "MAKELEVEL": "1", "MAKEFLAGS": "w", "EMBED_DATA_DIR": "/shared/data", "HF_HUB_OFFLINE": "1", "PATH": "/bin"}
     assert newcomer_env(mine) == {"EMBED_DATA_DIR": "/shared/data", "HF_HUB_OFFLINE": "1", "PATH": "/bin"}
     assert {"EMBED_RAY_DIR", "RAY_ADDRESS"} <= set(NOT_A_NEWCOMERS)
-    capped = newcomer_env(mine, isa_cap="avx2")  # an AVX2-only host's arithmetic: torch, oneDNN and MKL capped
-    assert capped == {"EMBED_DATA_DIR": "/shared/data", "HF_HUB_OFFLINE": "1", "PATH": "/bin",
-                      "ATEN_CPU_CAPABILITY": "avx2", "ONEDNN_MAX_CPU_ISA": "AVX2", "MKL_ENABLE_INSTRUCTIONS": "AVX2"}
-    # AVX512-BF16 without AMX: oneDNN below its AMX kernels, and still native bf16 for the teacher
-    from embed_lib.teacher.recipe import isa_capped_below_bf16
-    below_amx = newcomer_env(mine, isa_cap="avx512_bf16")
-    assert below_amx["ONEDNN_MAX_CPU_ISA"] == "AVX512_CORE_BF16" and not isa_capped_below_bf16(below_amx)
-    assert isa_capped_below_bf16(capped)
 
 
 def test_replica_cpu_counts_only_the_named_replicas_processes():
