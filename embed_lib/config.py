@@ -6,13 +6,13 @@ so every field is a small JSON-serialisable value.
 from __future__ import annotations
 
 import dataclasses
-import numbers
 import os
 import re
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Mapping
 
+from embed_lib.bounds import Bounds, bounded, check_bounds, learning_rate, unit_interval  # noqa: F401 (config's names)
 from embed_lib.data.tasks import TASK_SLUG, task_names
 
 #: Alias -> sentence-transformers id: packaged weights when they are installed (offline), otherwise the Hub id.
@@ -21,67 +21,6 @@ ENCODER_ALIASES = {"minilm": "sentence-transformers/all-MiniLM-L6-v2"}
 DTYPES = ("float32", "float16", "bfloat16")
 #: the torch devices an encoder may be put on
 DEVICE = re.compile(r"cpu|cuda(:\d+)?|mps|xpu(:\d+)?")
-
-
-@dataclass(frozen=True)
-class Bounds:
-    """The values a numeric config field allows, declared once beside the field (`bounded`) and checked by
-    `check_bounds`; integer bounds make an integer field."""
-
-    low: float
-    high: float
-    low_open: bool = False
-    allow_none: bool = False
-
-    @property
-    def integer(self) -> bool:
-        return isinstance(self.low, int) and isinstance(self.high, int)
-
-    def describe(self) -> str:
-        if self.integer:
-            allowed = f"{self.low}..{self.high}"
-        else:
-            allowed = f"{'(' if self.low_open else '['}{self.low}, {self.high}]"
-        return f"None or {allowed}" if self.allow_none else allowed
-
-    def check(self, name: str, value: Any) -> None:
-        if self.allow_none and value is None:
-            return
-        if self.integer:
-            if isinstance(value, bool) or not isinstance(value, numbers.Integral):
-                raise ValueError(f"{name}={value!r} is not a whole number; allowed {self.describe()}.")
-            if not self.low <= value <= self.high:
-                raise ValueError(f"{name}={value!r}; allowed {self.describe()}.")
-            return
-        if isinstance(value, bool) or not isinstance(value, numbers.Real):
-            raise ValueError(f"{name}={value!r} is not a number; allowed {self.describe()}.")
-        if not ((value > self.low if self.low_open else value >= self.low) and value <= self.high):
-            raise ValueError(f"{name}={value!r} is out of range; allowed {self.describe()}.")
-
-
-def bounded(default: Any, low: float, high: float, *, low_open: bool = False, allow_none: bool = False) -> Any:
-    """A dataclass field with a default and the values it allows (see `Bounds`)."""
-    return dataclasses.field(default=default, metadata={"bounds": Bounds(low, high, low_open, allow_none)})
-
-
-def unit_interval(default: float) -> Any:
-    """A field whose values lie in [0, 1] (a weight, a fraction, an exponent of the normalisation)."""
-    return bounded(default, 0.0, 1.0)
-
-
-def learning_rate(default: float) -> Any:
-    """An optimiser's peak learning rate: positive, at most 1 (the adapters and the teacher share the rule)."""
-    return bounded(default, 0.0, 1.0, low_open=True)
-
-
-def check_bounds(config: Any) -> None:
-    """ValueError naming the first field of `config` outside its bounds; numpy scalars become Python numbers (JSON)."""
-    for f in dataclasses.fields(config):
-        if "bounds" in f.metadata:
-            value = getattr(config, f.name)
-            f.metadata["bounds"].check(f"{type(config).__name__}.{f.name}", value)
-            if isinstance(value, numbers.Number) and type(value).__module__ == "numpy":
-                object.__setattr__(config, f.name, value.item())
 
 
 #: inference backends of the encoder and the cross-encoder (embed_lib.encoding.onnx_backend)

@@ -25,7 +25,7 @@ from embed_lib.tracking.registry import model_name, sweep_experiment
 from embed_lib.tracking.runs import (check_store_for_cluster, checked_tracking_uri, default_tracking_uri, git_info,
                                      local_store_path, log_task_inputs, set_experiment, ui_link)
 from sweeps import interrupt
-from sweeps.flags import add_sweep_args, check_settings, tau_values, transfer_tasks, unplaceable
+from sweeps.flags import add_sweep_args, check_settings, distil_fixed, tau_values, transfer_tasks, unplaceable
 from sweeps.mlflow_callback import MLflowTrialCallback, close_orphans
 from sweeps.report import finish_sweep
 from sweeps.trainable import MAX_EPOCHS, make_trainable, precompute
@@ -143,16 +143,6 @@ def _precompute_all(args, cache_dir: Path, limit: int | None, transfer: list[str
     if record is not None:
         print(teacher_summary(record), flush=True)
     return studies, record
-
-
-def distil_fixed(data, record, space_keys: list[str]) -> dict[str, Any]:
-    """What the search may not vary of distillation with the study it has: no teacher, no distillation; no silver
-    pairs (--no-silver), none to train on."""
-    if "lambda_distil" not in space_keys:
-        return {}
-    if record is None or data.splits["train"].teacher is None:
-        return {"lambda_distil": 0.0, "silver_fraction": 0.0}
-    return {"silver_fraction": 0.0} if data.silver is None else {}
 
 
 def _log_sweep_inputs(args, name: str, fixed: dict[str, Any], studies: dict, record, transfer: list[str]) -> None:

@@ -192,3 +192,13 @@ def unplaceable(nodes: list[dict], cpus_per_trial: float, gpus_per_trial: float)
             out.append(f"warning: {flag} {need:g}, and no node of this cluster has more than {most:g} {what} now: the "
                        "trials wait until one joins (an autoscaling cluster adds it); on a fixed cluster, lower it.")
     return out
+
+
+def distil_fixed(data, record, space_keys: list[str]) -> dict[str, Any]:
+    """What the search may not vary of distillation with the study it has: no teacher, no distillation; no silver
+    pairs (--no-silver), none to train on."""
+    if "lambda_distil" not in space_keys:
+        return {}
+    if record is None or data.splits["train"].teacher is None:
+        return {"lambda_distil": 0.0, "silver_fraction": 0.0}
+    return {"silver_fraction": 0.0} if data.silver is None else {}

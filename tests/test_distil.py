@@ -11,7 +11,8 @@ from embed_lib.config import AdapterConfig
 from embed_lib.data.tasks import PairData
 from embed_lib.encoding.cache import EmbeddedSplit, EmbeddedTask
 from embed_lib.training import losses
-from embed_lib.training.seed_group import silver_count, train_seed_group
+from embed_lib.training.distil import silver_count
+from embed_lib.training.seed_group import train_seed_group
 from embed_lib.training.silver import KINDS, SILVER, build_silver, kinds_of, nearest
 from embed_lib.training.tensors import prepare_study
 

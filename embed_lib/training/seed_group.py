@@ -24,6 +24,7 @@ from scipy import stats
 from embed_lib.config import AdapterConfig
 from embed_lib.training import losses
 from embed_lib.training.adapters import PairAdapter
+from embed_lib.training.distil import distil_targets, silver_batch, silver_order
 from embed_lib.training.metrics import PRIMARY_METRIC, evaluate
 from embed_lib.training.scoring import TransferWatch, score_split, spearman_rows
 from embed_lib.training.tensors import SplitTensors, StudyData, novelty_gate
@@ -101,37 +102,8 @@ def _build(cfg: AdapterConfig, data: StudyData, dev: torch.device) -> _Fit:
             # the shuffled-target control: same gate, targets permuted over the train pairs per seed
             pair_t = torch.stack([pair_t[k, torch.randperm(n, generator=g)] for k, g in enumerate(gens)])
         pair_t = pair_t.to(dev)
-    teach = silver = None
-    if cfg.distilled:
-        # the teacher's scores as CoSENT reads them (their order); the shuffled control permutes them per seed with
-        # a generator of its own, so that the batches are those of the unshuffled arm
-        shuffle = [torch.Generator().manual_seed(20_000 + s) for s in cfg.seeds] if cfg.distil_control == "shuffled" \
-            else None
-        teach = _teacher_rows(torch.from_numpy(tr.teacher).float(), S, shuffle).to(dev)
-        n_silver = silver_count(cfg, data)
-        if n_silver:
-            sv = data.silver
-            silver = (sv.ia[:n_silver].to(dev), sv.ib[:n_silver].to(dev),
-                      _teacher_rows(torch.from_numpy(sv.teacher[:n_silver]).float(), S, shuffle).to(dev))
+    teach, silver = distil_targets(cfg, data, dev) if cfg.distilled else (None, None)
     return _Fit(model, opt, center, fam, served_fam, pair_t, sent_t, gens, teach, silver)
-
-
-def _teacher_rows(t: torch.Tensor, S: int, shuffle: list[torch.Generator] | None) -> torch.Tensor:
-    """(n,) teacher scores -> (S, n), permuted per seed with `shuffle`'s generators (the shuffled-teacher control)."""
-    if shuffle is None:
-        return t.expand(S, -1).clone()
-    return torch.stack([t[torch.randperm(len(t), generator=g)] for g in shuffle])
-
-
-def silver_count(cfg: AdapterConfig, data: StudyData) -> int:
-    """The silver pairs `cfg` trains on: the first round(silver_fraction * n) of the study's n (0 without distillation
-    or without silver pairs asked for); a ValueError when it asks for some and the study has none."""
-    if not cfg.distilled or cfg.silver_fraction == 0:
-        return 0
-    if data.silver is None or len(data.silver.ia) == 0:
-        raise ValueError(f"AdapterConfig.silver_fraction={cfg.silver_fraction}: this study has no silver pairs; load "
-                         "it with some (load_study(silver=N), --silver-pairs N) or set silver_fraction=0.")
-    return max(1, int(round(cfg.silver_fraction * len(data.silver.ia))))
 
 
 def _loss(cfg: AdapterConfig, fit: _Fit, out, y: torch.Tensor, idx: torch.Tensor, ia: torch.Tensor,
@@ -179,20 +151,14 @@ def _train_epochs(cfg: AdapterConfig, data: StudyData, fit: _Fit,
     steps = max(1, n // cfg.batch_size)  # drop the ragged last batch: CoSENT needs several pairs
     for epoch in range(1, cfg.epochs + 1 if fit.opt is not None else 1):
         order = torch.stack([torch.randperm(n, generator=g) for g in fit.gens]).to(dev)  # (S, n) each its own order
-        if fit.silver is not None:  # the silver pairs in each seed's own order, a batch of them beside every batch
-            n_s = len(fit.silver[0])
-            s_order = torch.stack([torch.randperm(n_s, generator=g) for g in fit.gens]).to(dev)  # (S, n_s)
+        # the silver pairs in each seed's own order, a batch of them beside every batch
+        s_order = silver_order(fit.silver, fit.gens)
         for step in range(steps):
             idx = order[:, step * cfg.batch_size: (step + 1) * cfg.batch_size]  # (S, B)
             ia, ib = tr.ia[idx], tr.ib[idx]
             out = model(X[ia], X[ib], **({} if fit.fam is None else dict(fam_a=fit.fam[ia], fam_b=fit.fam[ib])))
-            silver = None
-            if fit.silver is not None:
-                pos = (torch.arange(cfg.batch_size, device=dev) + step * cfg.batch_size) % n_s
-                sidx = s_order[:, pos]  # (S, Bs); a silver set smaller than an epoch's batches cycles
-                sa, sb = fit.silver[0][sidx], fit.silver[1][sidx]
-                s_out = model(X[sa], X[sb], **({} if fit.fam is None else dict(fam_a=fit.fam[sa], fam_b=fit.fam[sb])))
-                silver = (s_out.score, torch.gather(fit.silver[2], 1, sidx))
+            silver = None if s_order is None else silver_batch(model, X, fit.silver, fit.fam, s_order, step,
+                                                               cfg.batch_size)
             loss = _loss(cfg, fit, out, tr.y[idx], idx, ia, ib, silver)
             fit.opt.zero_grad(set_to_none=True)
             loss.sum().backward()  # a sum keeps each seed's gradient its own

@@ -73,34 +73,15 @@ def build_silver(train: PairData, texts: list[str], vectors: np.ndarray, n: int,
                          "silver pairs need 2 or more.")
     at = {t: i for i, t in enumerate(pool)}  # sentence -> position in the pool
     nn = nearest(vectors[[row[t] for t in pool]], NEIGHBOURS)  # (p, k) positions in the pool
-    rng = np.random.default_rng(seed)
-    seen = {frozenset((a, b)) for a, b in zip(train.sentence1, train.sentence2)}
     labelled = [(at[a], at[b]) for a, b in zip(train.sentence1, train.sentence2) if a in at and b in at]
-
-    def neighbour():
-        i = int(rng.integers(len(pool)))
-        return i, int(nn[i, rng.integers(nn.shape[1])])
-
-    def other_side():
-        if not labelled:
-            return neighbour()
-        a, b = labelled[int(rng.integers(len(labelled)))]
-        if rng.random() < 0.5:
-            a, b = b, a
-        return a, int(nn[b, rng.integers(nn.shape[1])])
-
-    def random_pair():
-        i, j = rng.choice(len(pool), size=2, replace=False)
-        return int(i), int(j)
-
-    draw = {"neighbour": neighbour, "other_side": other_side, "random": random_pair}
+    seen = {frozenset((a, b)) for a, b in zip(train.sentence1, train.sentence2)}
+    rng = np.random.default_rng(seed)
     s1: list[str] = []
     s2: list[str] = []
     failures = 0
     # each kind in turn; a kind that keeps drawing pairs already taken is exhausted (a small pool)
     while len(s1) < n and failures < 50 * len(KINDS) + 10 * n:
-        kind = KINDS[len(s1) % len(KINDS)]
-        i, j = draw[kind]()
+        i, j = _draw(KINDS[len(s1) % len(KINDS)], rng, nn, labelled)
         key = frozenset((pool[i], pool[j]))
         if i == j or key in seen:
             failures += 1
@@ -115,6 +96,22 @@ def build_silver(train: PairData, texts: list[str], vectors: np.ndarray, n: int,
                     f"{k} silver pairs of {train.task} train sentences (seed {seed}; kinds {', '.join(KINDS)} in turn; "
                     "none with a validation or test sentence)", train.binary, s1, s2,
                     np.zeros(k, dtype=np.float32), np.zeros(k, dtype=np.float32), np.arange(k, dtype=np.int64))
+
+
+def _draw(kind: str, rng: np.random.Generator, nn: np.ndarray, labelled: list[tuple[int, int]]) -> tuple[int, int]:
+    """One candidate pair of pool positions of `kind`; nn: (p, k) each position's nearest neighbours, labelled: the
+    train pairs as positions."""
+    p, k = nn.shape
+    if kind == "random":
+        i, j = rng.choice(p, size=2, replace=False)
+        return int(i), int(j)
+    if kind == "other_side" and labelled:
+        a, b = labelled[int(rng.integers(len(labelled)))]
+        if rng.random() < 0.5:
+            a, b = b, a
+        return a, int(nn[b, rng.integers(k)])
+    i = int(rng.integers(p))  # a neighbour pair (and the other side's stand-in where no train pair is in the pool)
+    return i, int(nn[i, rng.integers(k)])
 
 
 def kinds_of(n: int) -> np.ndarray:
