@@ -801,3 +801,25 @@ def test_load_study_trains_the_teacher_on_the_device_it_is_given(data_dir, tmp_p
     _, record = prepare.load_study("stsb", teacher=TINY, data_dir=data_dir, cache_dir=tmp_path, limit=24,
                                    teacher_device="cpu")
     assert seen == ["cpu"] and record["device"] == "cpu"
+
+
+def test_the_folds_score_the_silver_pairs_and_they_are_in_the_key(tiny_splits, tmp_path):
+    """Silver pairs given with the splits: every fold model scores them (their mean, as for validation), they have no
+    Spearman of their own (no labels), and they make another teacher key."""
+    from embed_lib.training.silver import SILVER, build_silver
+
+    train = tiny_splits["train"]
+    texts = train.texts()
+    vectors = np.random.default_rng(0).normal(size=(len(texts), 8)).astype(np.float32)
+    splits = {**tiny_splits, SILVER: build_silver(train, texts, vectors, 10)}
+    scores, record = teacher_scores(splits, TINY, tmp_path, fold_workers=1)
+    assert {k: len(v) for k, v in scores.items()} == {"train": 24, "validation": 24, "test": 24, SILVER: 10}
+    assert np.isfinite(scores[SILVER]).all() and f"{SILVER}_spearman" not in record
+    assert teacher_key(TINY, splits) != teacher_key(TINY, tiny_splits)
+
+
+def test_load_study_refuses_silver_pairs_without_a_teacher():
+    from embed_lib.pipeline.prepare import load_study
+
+    with pytest.raises(ValueError, match=r"silver=100.*give a teacher, or no silver pairs \(--no-silver\)"):
+        load_study("stsb", silver=100)
