@@ -53,7 +53,7 @@ def space(trial, tau_attn_values=(1.0,), targets=("ce_margin", "lexical"), fixed
     trial.suggest_categorical("lambda_mod", [0.0, 0.01, 0.1])
     trial.suggest_categorical("lambda_delta", [0.0, 0.1, 1.0, 10.0])
     trial.suggest_categorical("novelty_quantile", [0.0, 0.1, 0.2, 0.3, 0.5])
-    # distillation, where the sweep has a teacher (else the sweep holds lambda_distil at 0: sweeps.cli.distil_fixed)
+    # distillation, where the sweep has a teacher (else the sweep holds lambda_distil at 0: sweeps.flags.distil_fixed)
     if "lambda_distil" not in fixed:
         if trial.suggest_categorical("lambda_distil", [0.0, 0.25, 0.5, 0.75, 1.0]) > 0:
             if "silver_fraction" not in fixed:
