@@ -159,24 +159,23 @@ def prepare_study(emb: EmbeddedTask, teacher_scores: Mapping[str, np.ndarray] | 
     for name, s in emb.splits.items():
         s0 = cosine(emb.vectors[s.ia], emb.vectors[s.ib])
         teacher = None if teacher_scores is None or teacher_scores.get(name) is None else \
-            np.asarray(teacher_scores[name])
-        if name == SILVER:
+            np.asarray(teacher_scores[name], dtype=np.float32)
+        if teacher is not None and len(teacher) != len(s.ia):
+            raise ValueError(f"teacher scores for split {name!r} have {len(teacher)} rows; the split has "
+                             f"{len(s.ia)} pairs. Rebuild the teacher cache for this task.")
+        if name == SILVER:  # unlabelled: only the teacher's scores, which distillation reads
             if teacher is None:
                 raise ValueError("prepare_study: silver pairs without the teacher's scores; they carry no label, so a "
                                  "teacher must score them (load_study with a teacher, or leave the silver pairs out).")
             silver = SplitTensors(torch.from_numpy(s.ia), torch.from_numpy(s.ib), torch.zeros(len(s.ia)), s0,
-                                  {"ce_margin": ce_margin(teacher, s0)}, teacher.astype(np.float32))
+                                  teacher=teacher)
             continue
         t = {"surface": (surface[s.ia] + surface[s.ib]) / 2,
              "lexical": lexical_hard(s.data.sentence1, s.data.sentence2, s.data.label)}
         if teacher is not None:
-            if len(teacher_scores[name]) != len(s.ia):
-                raise ValueError(f"teacher scores for split {name!r} have {len(teacher_scores[name])} rows; "
-                                 f"the split has {len(s.ia)} pairs. Rebuild the teacher cache for this task.")
-            t["ce_margin"] = ce_margin(np.asarray(teacher_scores[name]), s0)
+            t["ce_margin"] = ce_margin(teacher, s0)
         splits[name] = SplitTensors(torch.from_numpy(s.ia), torch.from_numpy(s.ib),
-                                    torch.from_numpy(s.data.label.astype(np.float32)), s0, t,
-                                    None if teacher is None else teacher.astype(np.float32))
+                                    torch.from_numpy(s.data.label.astype(np.float32)), s0, t, teacher)
     tr = emb.splits["train"]
     sentence_target = {"surface": surface}
     for name in ("lexical", "ce_margin"):
